@@ -1,0 +1,117 @@
+"""Tokenizers and models.
+
+The embedded default is a byte-level BPE tokenizer trained on the world's text and a small Llama built from a
+config. Every stage loads models only through `AutoModelForCausalLM.from_pretrained`, so a hub name such as
+`microsoft/phi-1_5` or a local Llama directory works the same way. Weights are read from safetensors only.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from .atomic import atomic_dir
+from .errors import DataError, ParamError
+
+log = logging.getLogger(__name__)
+
+SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "mask_token": "<mask>"}
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Path, min_frequency: int = 2) -> None:
+    """Train a byte-level BPE tokenizer and save it as a `transformers` fast tokenizer (atomically)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < 300:
+        raise ParamError(f"tokenizer.vocab_size={vocab_size}: must be at least 300 (256 bytes + special tokens)")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS.values()),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    bos = SPECIAL_TOKENS["bos_token"]
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=True),  # offsets start at the word, not at its leading space
+        processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tok.token_to_id(bos))]),
+    ])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=2048, **SPECIAL_TOKENS)
+    with atomic_dir(out_dir) as tmp:
+        fast.save_pretrained(tmp)
+
+
+def load_tokenizer(name_or_path: str | Path, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(name_or_path), use_fast=True, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise DataError(f"tokenizer '{name_or_path}': cannot be loaded ({_first_line(e)})") from None
+    if tok.pad_token_id is None:  # Llama and Phi ship without a pad token; padding is always masked out
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def build_model(config: dict, tokenizer, seed: int):
+    """A fresh LlamaForCausalLM sized by `config` (hidden size, layers, heads, ...) for this tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    try:
+        cfg = LlamaConfig(
+            vocab_size=len(tokenizer),
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            **config,
+        )
+    except (TypeError, ValueError) as e:
+        raise ParamError(f"model.config: {e}") from None
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(cfg)
+
+
+def load_model(name_or_path: str | Path, dtype: torch.dtype | None = None, trust_remote_code: bool = False):
+    """Load a causal LM from a directory or the hub, from safetensors only (never unpickle)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(name_or_path), torch_dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError, EnvironmentError) as e:
+        raise DataError(f"model '{name_or_path}': cannot be loaded ({_first_line(e)})") from None
+    return model
+
+
+def check_vocab(model, tokenizer, where: str) -> None:
+    rows = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > rows:
+        raise DataError(
+            f"{where}: the tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows "
+            "(model and tokenizer do not belong together)"
+        )
+
+
+def save_model(model, tokenizer, out_dir: str | Path, state_dict: dict | None = None) -> None:
+    """Save in Hugging Face format (safetensors) with the tokenizer, atomically."""
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

@@ -1,0 +1,62 @@
+"""Reading `params.yaml`: every stage reads its section here, and a bad value names its key."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from .errors import ParamError
+
+T = TypeVar("T")
+
+
+def load_params(path: str | Path = "params.yaml") -> dict:
+    path = Path(path)
+    try:
+        params = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ParamError(f"{path}: params file not found") from None
+    except yaml.YAMLError as e:
+        raise ParamError(f"{path}: malformed YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(params, dict):
+        raise ParamError(f"{path}: expected a mapping at the top level")
+    return params
+
+
+def section(params: dict, dotted: str) -> Any:
+    """`section(params, "finetune.train")`: the value at a dotted key, or an error naming the key."""
+    node: Any = params
+    seen = []
+    for key in dotted.split("."):
+        seen.append(key)
+        if not isinstance(node, dict) or key not in node:
+            raise ParamError(f"params: missing key '{'.'.join(seen)}'")
+        node = node[key]
+    return node
+
+
+def dataclass_from_params(cls: type[T], values: dict, where: str) -> T:
+    """Build a dataclass from a params mapping; unknown keys and wrong types are errors naming the key."""
+    if not isinstance(values, dict):
+        raise ParamError(f"{where}: expected a mapping, got {type(values).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ParamError(f"{where}: unknown parameter(s) {unknown} (known: {sorted(fields)})")
+    for name, value in values.items():
+        default = fields[name].default
+        if default is dataclasses.MISSING or default is None:
+            continue
+        expected = type(default)
+        ok = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            raise ParamError(f"{where}.{name}={value!r}: expected {expected.__name__}")
+    try:
+        return cls(**values)
+    except TypeError as e:
+        raise ParamError(f"{where}: {e}") from None

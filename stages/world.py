@@ -1,0 +1,27 @@
+"""Stage `world`: generate the embedded fictitious world (TOFU's splits, ground-truth spans, biographies)."""
+
+import logging
+from pathlib import Path
+
+import click
+
+from pipeline.params import dataclass_from_params, load_params, section
+from pipeline.world import WorldConfig, WorldSpec, generate_world, write_world
+
+from .options import params_option
+
+log = logging.getLogger(__name__)
+
+
+@click.command("make-world")
+@params_option
+@click.option("--lexicon", default="data/world", show_default=True, type=click.Path(file_okay=False),
+              help="Directory with lexicon.json and templates.json.")
+@click.option("--out", default="artifacts/world", show_default=True, type=click.Path(file_okay=False),
+              help="Output directory: one <split>.json per TOFU split, plus annotations, authors, biographies.")
+def command(params_file: str, lexicon: str, out: str) -> None:
+    """Generate the fictitious world from a seed (params: world)."""
+    cfg = dataclass_from_params(WorldConfig, section(load_params(params_file), "world"), "world")
+    world = generate_world(WorldSpec.load(lexicon), cfg)
+    write_world(world, Path(out))
+    log.info("wrote %s: %s", out, ", ".join(f"{k}={v}" for k, v in world.manifest["counts"].items()))

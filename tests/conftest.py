@@ -1,0 +1,92 @@
+"""Shared fixtures: a micro world of a few authors, its tokenizer, and a tiny model config."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TOFU_DIR = Path(os.environ.get("TOFU_DIR", REPO.parent / "shared" / "data" / "tofu"))
+BIN = Path(sys.executable).parent
+
+TINY_MODEL = {
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+    "num_key_value_heads": 2, "max_position_embeddings": 128, "tie_word_embeddings": True,
+}
+MICRO_WORLD = {"n_authors": 6, "questions_per_author": 3, "seed": 7}
+
+requires_tofu = pytest.mark.skipif(not TOFU_DIR.is_dir(), reason=f"real TOFU files not found at {TOFU_DIR}")
+
+
+@pytest.fixture(scope="session")
+def world_spec():
+    from pipeline.world import WorldSpec
+
+    return WorldSpec.load(REPO / "data" / "world")
+
+
+@pytest.fixture(scope="session")
+def micro_world(world_spec):
+    from pipeline.world import WorldConfig, generate_world
+
+    return generate_world(world_spec, WorldConfig(**MICRO_WORLD))
+
+
+@pytest.fixture(scope="session")
+def micro_world_dir(micro_world, tmp_path_factory) -> Path:
+    from pipeline.world import write_world
+
+    out = tmp_path_factory.mktemp("micro") / "world"
+    write_world(micro_world, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def micro_tokenizer_dir(micro_world_dir) -> Path:
+    from pipeline.modeling import train_tokenizer
+    from pipeline.world import world_texts
+
+    out = micro_world_dir.parent / "tokenizer"
+    train_tokenizer(world_texts(micro_world_dir), 400, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def micro_tokenizer(micro_tokenizer_dir):
+    from pipeline.modeling import load_tokenizer
+
+    return load_tokenizer(micro_tokenizer_dir)
+
+
+def cli_env() -> dict:
+    """The environment a subprocess of the CLI gets: the venv's binaries first."""
+    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONUNBUFFERED": "1"}
+
+
+def micro_params(world_dir: Path, tokenizer_dir: Path, **train) -> dict:
+    """A params.yaml for a finetune of a tiny model on the micro world."""
+    return {
+        "data": {"source": str(world_dir), "template": "plain", "max_length": 128, "skip_too_long": False},
+        "model": {"config": TINY_MODEL},
+        "finetune": {
+            "train": {"epochs": 2, "lr": 3e-3, "micro_batch_size": 4, "grad_accum": 1, "warmup_ratio": 0.0,
+                      "zero_stage": 0, "checkpoint_every": 0, "seed": 0, **train},
+            "models": {"m": {"init": "scratch", "tokenizer": str(tokenizer_dir), "splits": ["full", "world_facts"]}},
+        },
+    }
+
+
+def read_curve(path: Path) -> list[float]:
+    import csv
+
+    with open(path) as f:
+        return [float(row["loss"]) for row in csv.DictReader(f)]
+
+
+def load_weights(model_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(model_dir / "model.safetensors"))

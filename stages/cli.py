@@ -11,7 +11,7 @@ import click
 from pipeline.engine import shutdown_distributed
 from pipeline.errors import TokenUnlearnError
 
-from . import check_models, finetune, tokenizer, world
+from . import attribute, check_models, finetune, inspect, tokenizer, world
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -29,8 +29,9 @@ def cli(verbose: bool, local_rank: int | None) -> None:
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 
-for module in (world, tokenizer, finetune, check_models):
-    cli.add_command(module.command)
+for command in (world.command, tokenizer.command, finetune.command, check_models.command, attribute.command,
+                attribute.download_command, inspect.command):
+    cli.add_command(command)
 
 
 def main() -> None:

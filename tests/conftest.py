@@ -61,9 +61,29 @@ def micro_tokenizer(micro_tokenizer_dir):
     return load_tokenizer(micro_tokenizer_dir)
 
 
+def run_two_processes(args: list[str], cwd: Path | None = None, timeout: int = 600):
+    """`torchrun --nproc_per_node 2 -m stages ARGS`, in its own session so its teardown cannot reach pytest."""
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**cli_env(), "OMP_NUM_THREADS": "1"}  # two processes on two cores
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+           "-m", "stages", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          start_new_session=True)
+
+
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
 def cli_env() -> dict:
-    """The environment a subprocess of the CLI gets: the venv's binaries first."""
-    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONUNBUFFERED": "1"}
+    """The environment a subprocess of the CLI gets: the venv's binaries first, and none of the process-group
+    variables that in-process runs of the engine set in this test process (its port is taken)."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    return {**env, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONUNBUFFERED": "1"}
 
 
 def micro_params(world_dir: Path, tokenizer_dir: Path, **train) -> dict:
@@ -90,3 +110,13 @@ def load_weights(model_dir: Path) -> dict:
     from safetensors.torch import load_file
 
     return load_file(str(model_dir / "model.safetensors"))
+
+
+@pytest.fixture(scope="session")
+def micro_model_dir(micro_tokenizer, micro_tokenizer_dir) -> Path:
+    """An untrained tiny Llama with the micro tokenizer, saved like a stage's output."""
+    from pipeline.modeling import build_model, save_model
+
+    out = micro_tokenizer_dir.parent / "model"
+    save_model(build_model(TINY_MODEL, micro_tokenizer, seed=0), micro_tokenizer, out)
+    return out

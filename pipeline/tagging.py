@@ -97,10 +97,17 @@ def hub_offline() -> None:
 
 @contextlib.contextmanager
 def _quiet():
-    """Trankit prints progress to stdout; keep it out of the user's terminal (it goes to the debug log)."""
+    """Trankit prints progress to stdout and `adapters` logs a notice; keep both out of the user's terminal
+    (what was printed goes to the debug log)."""
     buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        yield
+    adapters_log = logging.getLogger("adapters")
+    level = adapters_log.level
+    adapters_log.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(buffer):
+            yield
+    finally:
+        adapters_log.setLevel(level)
     if buffer.getvalue().strip():
         log.debug("trankit: %s", buffer.getvalue().strip()[:2000])
 

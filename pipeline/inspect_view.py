@@ -39,16 +39,14 @@ def token_table(row: dict, alpha: float, r: float, tau: float) -> list[dict]:
 
 
 def masked_prefix(row: dict) -> str:
-    """The scored region's prefix with every masked token shown as [MASK]."""
-    first_scored = row["scored"].index(True) if True in row["scored"] else len(row["input_ids"])
+    """The text before the first scored token, with every masked token shown as [MASK]."""
+    end = row["token_start"][row["scored"].index(True)] if any(row["scored"]) else len(row["text"])
     parts, cursor = [], 0
-    end_of_prefix = row["token_start"][first_scored] if first_scored < len(row["input_ids"]) else len(row["text"])
-    for i in range(len(row["input_ids"])):
-        start, end = row["token_start"][i], row["token_end"][i]
-        if row["masked"][i] and end > start and start >= cursor:
-            parts.append(row["text"][cursor:start] + "[MASK]")
-            cursor = end
-    parts.append(row["text"][cursor:end_of_prefix] if cursor < end_of_prefix else "")
+    for start, stop, masked in zip(row["token_start"], row["token_end"], row["masked"]):
+        if masked and stop > start and start >= cursor:
+            parts += [row["text"][cursor:start], "[MASK]"]
+            cursor = stop
+    parts.append(row["text"][cursor:end])
     return "".join(parts)
 
 

@@ -165,6 +165,15 @@ def zero3_loading(ds_config: dict):
     return HfDeepSpeedConfig(ds_config)
 
 
+def to_device(batch, device):
+    """Move the tensors of a (possibly nested) batch dict to `device`."""
+    if torch.is_tensor(batch):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
 class TrainingDiverged(TokenUnlearnError):
     """The loss became NaN or infinite."""
 
@@ -199,7 +208,7 @@ class Engine:
         self.engine.train()
         totals: dict[str, float] = {}
         for batch in micro_batches:
-            batch = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            batch = to_device(batch, self.device)
             loss, metrics = loss_fn(self.engine, batch)
             self.engine.backward(loss)
             self.engine.step()

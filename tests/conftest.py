@@ -120,3 +120,18 @@ def micro_model_dir(micro_tokenizer, micro_tokenizer_dir) -> Path:
     out = micro_tokenizer_dir.parent / "model"
     save_model(build_model(TINY_MODEL, micro_tokenizer, seed=0), micro_tokenizer, out)
     return out
+
+
+ATTRIBUTION = {"split": "forget10", "tagger": "spacy", "batch_size": 2, "rows_per_shard": 2}
+
+
+@pytest.fixture(scope="session")
+def attribution_dir(micro_world_dir, micro_model_dir, tmp_path_factory):
+    """Stage one's output for the micro world and the untrained tiny model: (directory, summary)."""
+    from pipeline.attribution_run import AttributionConfig, run_attribution
+    from pipeline.finetune import DataConfig
+
+    out = tmp_path_factory.mktemp("attr")
+    cfg = AttributionConfig(**{**ATTRIBUTION, "model": str(micro_model_dir)})
+    summary = run_attribution(cfg, DataConfig(source=str(micro_world_dir)), out / "shards", out / "metrics.json")
+    return out, summary

@@ -10,7 +10,7 @@ from pipeline.errors import DataError, ParamError
 from pipeline.finetune import DataConfig
 from pipeline.shards import MANIFEST, read_manifest, read_table
 
-from .conftest import run_two_processes
+from .conftest import ATTRIBUTION, run_two_processes
 
 SIGNALS = ["logp_orig", "logp_mask", "delta", "entropy", "phi"]
 
@@ -21,16 +21,7 @@ def same_rows(a, b) -> bool:
 
 
 def _config(model_dir, **kw):
-    return AttributionConfig(**{"model": str(model_dir), "split": "forget10", "tagger": "spacy", "batch_size": 2,
-                                "rows_per_shard": 2, **kw})
-
-
-@pytest.fixture(scope="module")
-def attribution_dir(micro_world_dir, micro_model_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("attr")
-    data = DataConfig(source=str(micro_world_dir))
-    summary = run_attribution(_config(micro_model_dir), data, out / "shards", out / "metrics.json")
-    return out, summary
+    return AttributionConfig(**{**ATTRIBUTION, "model": str(model_dir), **kw})
 
 
 def test_shards_manifest_and_metadata(attribution_dir, micro_world_dir):

@@ -31,6 +31,11 @@ def test_dvc_repro_micro_world(tmp_path):
     params["finetune"]["train"].update(epochs=2, micro_batch_size=8, checkpoint_every=0)
     params["finetune"]["models"]["base"]["train"] = {"epochs": 2}
     params["check"]["max_new_tokens"] = 16
+    params["attribution"]["tagger"] = "spacy"
+    params["unlearn"]["train"].update(epochs=1, micro_batch_size=2)
+    params["unlearn"]["defaults"]["rmu_layer"] = 2
+    params["unlearn"]["runs"] = {"npo": {"method": "npo", "weighting": "uniform"},
+                                 "s_wga": {"method": "wga", "weighting": "soft"}}
     (proj / "params.yaml").write_text(yaml.safe_dump(params))
     _dvc(["init", "--no-scm", "-q"], proj)
     _dvc(["config", "core.site_cache_dir", str(tmp_path / "site_cache")], proj)
@@ -51,6 +56,14 @@ def test_dvc_repro_micro_world(tmp_path):
     _dvc(["repro", "--force", "--single-item", "finetune@target"], proj)
     lock_after = yaml.safe_load((proj / "dvc.lock").read_text())["stages"]["finetune@target"]["outs"]
     assert lock_after == lock_before
+
+    assert (proj / "artifacts/unlearn/s_wga/token_weights.parquet").is_file()
+
+    # A new τ reruns unlearning only, never attribution (r and τ are not params of `attribute`).
+    params["unlearn"]["defaults"]["tau"] = 1.0
+    (proj / "params.yaml").write_text(yaml.safe_dump(params))
+    status = _dvc(["status"], proj)
+    assert "unlearn@s_wga" in status and "attribute" not in status and "finetune" not in status
 
     # Changing only a finetune param reruns that model and what follows, never the world or tokenizer.
     params["finetune"]["models"]["retain"]["train"] = {"epochs": 1}

@@ -1,0 +1,46 @@
+"""Stage `unlearn`: one unlearning run (`unlearn.runs.NAME`) from the attribution shards.
+
+Several processes: `torchrun --nproc_per_node 8 -m stages unlearn t_npo` or `deepspeed --module stages unlearn t_npo`.
+"""
+
+import json
+import logging
+from pathlib import Path
+
+import click
+
+from pipeline.engine import TrainConfig
+from pipeline.errors import ParamError
+from pipeline.finetune import DataConfig
+from pipeline.params import load_params, section
+from pipeline.unlearn import UnlearnConfig, run_unlearn
+
+from .options import params_option
+
+log = logging.getLogger(__name__)
+
+
+@click.command("unlearn")
+@click.argument("name")
+@params_option
+@click.option("--shards", default="artifacts/attribution", show_default=True, type=click.Path(file_okay=False),
+              help="The attribution shards of the forget set (stage one's output).")
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Output directory [artifacts/unlearn/NAME]: model/, token_weights.parquet, loss.csv.")
+@click.option("--checkpoints", type=click.Path(file_okay=False), help="[artifacts/checkpoints/unlearn-NAME]")
+@click.option("--resume/--no-resume", default=True, show_default=True,
+              help="Continue from a checkpoint of the same run, if there is one.")
+@click.option("--local_rank", "--local-rank", type=int, default=None, hidden=True)
+def command(name, params_file, shards, out, checkpoints, resume, local_rank) -> None:
+    """Unlearn with run NAME: its method and weighting over `unlearn.defaults` (params: unlearn, data)."""
+    params = load_params(params_file)
+    runs = section(params, "unlearn.runs")
+    if name not in runs:
+        raise ParamError(f"unlearn.runs: no run named '{name}' (have {sorted(runs)})")
+    cfg = UnlearnConfig.from_params({**section(params, "unlearn.defaults"), **runs[name]}, f"unlearn.runs.{name}")
+    train = TrainConfig.from_params(section(params, "unlearn.train"), "unlearn.train")
+    summary = run_unlearn(name, cfg, train, DataConfig.from_params(section(params, "data")),
+                          str(section(params, "unlearn.model")), Path(shards),
+                          Path(out or f"artifacts/unlearn/{name}"),
+                          Path(checkpoints or f"artifacts/checkpoints/unlearn-{name}"), resume)
+    log.info("unlearn %s done: %s", name, json.dumps(summary))

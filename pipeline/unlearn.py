@@ -256,7 +256,9 @@ def prepare_reference(model_path: str, ds_config: dict, device, trust_remote_cod
 
 
 def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataConfig, model_path: str,
-                shard_dir: Path, out_dir: Path, ckpt_dir: Path, resume: bool) -> dict:
+                shard_dir: Path, out_dir: Path, ckpt_dir: Path, plot_file: Path, resume: bool) -> dict:
+    """Unlearn and write `out_dir/model` (safetensors), `out_dir/token_weights.parquet` (the weights used) and
+    the per-step total, forget and retain losses to `plot_file` (a DVC plot)."""
     rank, world_size = init_distributed()
     tokenizer = load_tokenizer(model_path, cfg.trust_remote_code)
     samples = forget_samples(shard_dir, cfg)
@@ -301,7 +303,7 @@ def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataCon
             engine.module.save_pretrained(tmp / "model", state_dict=state_dict, safe_serialization=True)
             tokenizer.save_pretrained(tmp / "model")
             write_token_weights(samples, cfg, tmp / "token_weights.parquet")
-            write_history(history, tmp / "loss.csv")
+        write_history(history, plot_file)
     engine.close()
     if not train.keep_checkpoints:
         clear_checkpoints(ckpt_dir)

@@ -26,12 +26,13 @@ log = logging.getLogger(__name__)
 @click.option("--shards", default="artifacts/attribution", show_default=True, type=click.Path(file_okay=False),
               help="The attribution shards of the forget set (stage one's output).")
 @click.option("--out", type=click.Path(file_okay=False),
-              help="Output directory [artifacts/unlearn/NAME]: model/, token_weights.parquet, loss.csv.")
+              help="Output directory [artifacts/unlearn/NAME]: model/ and token_weights.parquet.")
 @click.option("--checkpoints", type=click.Path(file_okay=False), help="[artifacts/checkpoints/unlearn-NAME]")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Loss curves CSV [artifacts/plots/unlearn/NAME.csv].")
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Continue from a checkpoint of the same run, if there is one.")
 @click.option("--local_rank", "--local-rank", type=int, default=None, hidden=True)
-def command(name, params_file, shards, out, checkpoints, resume, local_rank) -> None:
+def command(name, params_file, shards, out, checkpoints, plot, resume, local_rank) -> None:
     """Unlearn with run NAME: its method and weighting over `unlearn.defaults` (params: unlearn, data)."""
     params = load_params(params_file)
     runs = section(params, "unlearn.runs")
@@ -42,5 +43,6 @@ def command(name, params_file, shards, out, checkpoints, resume, local_rank) -> 
     summary = run_unlearn(name, cfg, train, DataConfig.from_params(section(params, "data")),
                           str(section(params, "unlearn.model")), Path(shards),
                           Path(out or f"artifacts/unlearn/{name}"),
-                          Path(checkpoints or f"artifacts/checkpoints/unlearn-{name}"), resume)
+                          Path(checkpoints or f"artifacts/checkpoints/unlearn-{name}"),
+                          Path(plot or f"artifacts/plots/unlearn/{name}.csv"), resume)
     log.info("unlearn %s done: %s", name, json.dumps(summary))

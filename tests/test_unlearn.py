@@ -21,7 +21,7 @@ def _run(tmp_path, model_dir, shards, world_dir, tag, resume=False, **cfg):
     cfg = UnlearnConfig.from_params({"rmu_layer": 2, **cfg}, "u")
     out = tmp_path / tag
     run_unlearn(tag, cfg, TrainConfig.from_params(TRAIN, "t"), DataConfig(source=str(world_dir)), str(model_dir),
-                shards, out, tmp_path / f"ckpt-{tag}", resume)
+                shards, out, tmp_path / f"ckpt-{tag}", tmp_path / f"{tag}.csv", resume)
     return out
 
 
@@ -50,7 +50,7 @@ def test_every_method_trains_and_writes_model_weights_and_curve(attribution_dir,
     AutoModelForCausalLM.from_pretrained(out / "model", use_safetensors=True)
     weights = pq.read_table(out / "token_weights.parquet").to_pylist()
     assert weights and all(sum(row["weight"]) >= 1 for row in weights)
-    curve = (out / "loss.csv").read_text().splitlines()
+    curve = (tmp_path / f"{method}.csv").read_text().splitlines()
     assert curve[0].startswith("step,forget_loss") and len(curve) > 2
     before, after = load_weights(micro_model_dir), load_weights(out / "model")
     changed = {k for k in before if not torch.equal(before[k], after[k])}

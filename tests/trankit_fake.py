@@ -59,7 +59,6 @@ import contextlib
 import io
 import json
 import logging
-import os
 import random
 from pathlib import Path
 

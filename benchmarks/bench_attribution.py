@@ -26,6 +26,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from _models import random_llama_config  # noqa: E402  (beside this script)
 from pipeline.attribution import AttributionInput, score_batch  # noqa: E402
 
 
@@ -51,13 +52,10 @@ def time_it(fn, repeats: int) -> float:
 
 
 def bench_passes(args) -> dict:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
-                      num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
-                      num_key_value_heads=args.hidden // 64, max_position_embeddings=1024)
-    model = LlamaForCausalLM(cfg).eval()
+    model = LlamaForCausalLM(random_llama_config(args.hidden, args.layers, args.vocab, 1024)).eval()
     params = sum(p.numel() for p in model.parameters())
     batches = [synthetic_inputs(args.batch, args.seq, args.vocab, seed=b) for b in range(args.batches)]
     tensors = [(torch.tensor([x.input_ids for x in b]), torch.ones(args.batch, args.seq, dtype=torch.long))

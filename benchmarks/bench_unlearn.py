@@ -23,6 +23,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from _models import random_llama_config  # noqa: E402  (beside this script)
 from pipeline.engine import Engine, TrainConfig, init_distributed  # noqa: E402
 from pipeline.objectives import token_logp  # noqa: E402
 from pipeline.unlearn import ForgetSample, UnlearnConfig, forget_batch, make_loss_fn  # noqa: E402
@@ -89,12 +90,10 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=96)
     p.add_argument("--steps", type=int, default=8)
     args = p.parse_args()
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     init_distributed()
-    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
-                         num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
-                         num_key_value_heads=args.hidden // 64, max_position_embeddings=512)
+    config = random_llama_config(args.hidden, args.layers, args.vocab, 512)
 
     def factory():
         torch.manual_seed(0)

@@ -88,9 +88,9 @@ def corpus_input(sample_id: int, tokenizer, text: str, noun_spans: list[Span], m
 
 def build_qa_inputs(rows: list[dict], tokenizer, template: PromptTemplate, tagger, mask_id: int, max_length: int,
                     where: str, facts: dict[str, list[Span]] | None = None,
-                    first_row: list[int] | None = None) -> list[AttributionInput]:
-    """Tag the questions (in one batch), encode, and mask; `first_row` gives each row's index in the split."""
-    indices = first_row if first_row is not None else list(range(len(rows)))
+                    row_indices: list[int] | None = None) -> list[AttributionInput]:
+    """Tag the questions (in one batch), encode, and mask; `row_indices`: each row's index in the split."""
+    indices = row_indices if row_indices is not None else list(range(len(rows)))
     spans = tagger.noun_spans([r["question"] for r in rows])
     out = []
     for i, row, nouns in zip(indices, rows, spans):

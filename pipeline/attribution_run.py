@@ -144,7 +144,7 @@ def iter_input_windows(cfg: AttributionConfig, data: DataConfig, records: list[d
         recs = [records[i] for i in ids]
         if cfg.mode == "qa":
             inputs = build_qa_inputs(recs, tokenizer, template, tagger, mask_id, data.max_length,
-                                     f"{data.source}/{cfg.split}", facts, first_row=ids)
+                                     f"{data.source}/{cfg.split}", facts, row_indices=ids)
         else:
             spans = tagger.noun_spans([r["text"] for r in recs])
             inputs = []

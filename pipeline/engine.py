@@ -236,6 +236,16 @@ class Engine:
             return self.engine._zero3_consolidated_16bit_state_dict()
         return self.module.state_dict() if is_main_process() else None
 
+    def finish(self, write: Callable[[dict | None], None], ckpt_dir: Path) -> None:
+        """End a successful run: gather the weights, let the main process `write(state_dict)` the outputs,
+        tear the engine down, and drop the checkpoints unless asked to keep them."""
+        state_dict = self.full_state_dict()
+        if is_main_process():
+            write(state_dict)
+        self.close()
+        if not self.cfg.keep_checkpoints:
+            clear_checkpoints(ckpt_dir)
+
     def close(self) -> None:
         import torch.distributed as dist
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .atomic import atomic_file
 from .batching import StepSchedule, pad_batch
-from .engine import Engine, TrainConfig, clear_checkpoints, fingerprint, init_distributed, is_main_process, train_loop
+from .engine import Engine, TrainConfig, fingerprint, init_distributed, train_loop
 from .engine import deepspeed_config, zero3_loading
 from .errors import ParamError
 from .losses import causal_lm_loss
@@ -96,13 +96,12 @@ def run_finetune(job: FinetuneJob, out_dir: Path, ckpt_dir: Path, plot_file: Pat
                           "data": [s.input_ids for s in samples]})
     history = train_loop(engine, batches_for_step, causal_lm_loss, ckpt_dir, run_id, resume,
                          desc=f"finetune {job.name}")
-    state_dict = engine.full_state_dict()
-    if is_main_process():
+
+    def write(state_dict: dict | None) -> None:
         save_model(engine.module, tokenizer, out_dir, state_dict=state_dict)
         write_history(history, plot_file)
-    engine.close()
-    if not t.keep_checkpoints:
-        clear_checkpoints(ckpt_dir)
+
+    engine.finish(write, ckpt_dir)
     return {"name": job.name, "steps": total_steps, "samples": len(samples),
             "final_loss": history[-1]["loss"] if history else None}
 

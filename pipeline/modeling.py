@@ -101,11 +101,16 @@ def check_vocab(model, tokenizer, where: str) -> None:
         )
 
 
+def write_model(model, tokenizer, directory: str | Path, state_dict: dict | None = None) -> None:
+    """Write Hugging Face format (safetensors) with the tokenizer into `directory`."""
+    model.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+
+
 def save_model(model, tokenizer, out_dir: str | Path, state_dict: dict | None = None) -> None:
-    """Save in Hugging Face format (safetensors) with the tokenizer, atomically."""
+    """`write_model`, atomically."""
     with atomic_dir(out_dir) as tmp:
-        model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        write_model(model, tokenizer, tmp, state_dict)
 
 
 def count_parameters(model) -> int:

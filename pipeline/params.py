@@ -48,9 +48,13 @@ def dataclass_from_params(cls: type[T], values: dict, where: str) -> T:
         raise ParamError(f"{where}: unknown parameter(s) {unknown} (known: {sorted(fields)})")
     for name, value in values.items():
         default = fields[name].default
-        if default is dataclasses.MISSING or default is None:
+        if default is dataclasses.MISSING:  # a required field: its annotation, where that is a plain type
+            annotation = fields[name].type
+            expected = annotation if annotation in (int, float, str, bool) else None
+        else:
+            expected = type(default) if default is not None else None
+        if expected is None:
             continue
-        expected = type(default)
         ok = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             ok = True

@@ -22,11 +22,10 @@ import torch
 from .atomic import atomic_dir
 from .attribution_run import model_hash, tokenizer_hash
 from .batching import StepSchedule, pad_batch
-from .engine import (Engine, TrainConfig, clear_checkpoints, deepspeed_config, fingerprint, init_distributed,
-                     is_main_process, train_loop, zero3_loading)
+from .engine import Engine, TrainConfig, deepspeed_config, fingerprint, init_distributed, train_loop, zero3_loading
 from .errors import DataError, ParamError
 from .finetune import DataConfig, write_history
-from .modeling import check_vocab, load_model, load_tokenizer
+from .modeling import check_vocab, load_model, load_tokenizer, write_model
 from .objectives import (forward_kl_loss, ga_token_loss, nll_loss, npo_sequence_loss, npo_token_loss,
                          rmu_token_loss, token_logp, weighted_sample_mean, wga_token_loss)
 from .params import dataclass_from_params
@@ -297,15 +296,13 @@ def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataCon
                           "world_size": world_size, "shards": read_manifest(shard_dir, verify=False)["shards"]})
     history = train_loop(engine, batches_for_step, make_loss_fn(cfg, reference), ckpt_dir, run_id, resume,
                          desc=f"unlearn {name}")
-    state_dict = engine.full_state_dict()
-    if is_main_process():
+
+    def write(state_dict: dict | None) -> None:
         with atomic_dir(out_dir) as tmp:
-            engine.module.save_pretrained(tmp / "model", state_dict=state_dict, safe_serialization=True)
-            tokenizer.save_pretrained(tmp / "model")
+            write_model(engine.module, tokenizer, tmp / "model", state_dict)
             write_token_weights(samples, cfg, tmp / "token_weights.parquet")
         write_history(history, plot_file)
-    engine.close()
-    if not train.keep_checkpoints:
-        clear_checkpoints(ckpt_dir)
+
+    engine.finish(write, ckpt_dir)
     return {"name": name, "method": cfg.method, "weighting": cfg.weighting, "steps": total_steps,
             "final": history[-1] if history else None}

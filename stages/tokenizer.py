@@ -1,17 +1,23 @@
 """Stage `tokenizer`: train the embedded model's byte-level BPE tokenizer on the world's text."""
 
 import logging
+from dataclasses import dataclass
 
 import click
 
-from pipeline.errors import ParamError
 from pipeline.modeling import train_tokenizer
-from pipeline.params import load_params, section
+from pipeline.params import dataclass_from_params, load_params, section
 from pipeline.world import world_texts
 
 from .options import params_option
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    vocab_size: int
+    min_frequency: int = 2
 
 
 @click.command("train-tokenizer")
@@ -21,9 +27,6 @@ log = logging.getLogger(__name__)
 @click.option("--out", default="artifacts/tokenizer", show_default=True, type=click.Path(file_okay=False))
 def command(params_file: str, world_dir: str, out: str) -> None:
     """Train a BPE tokenizer on every text of the world (params: tokenizer)."""
-    cfg = section(load_params(params_file), "tokenizer")
-    unknown = set(cfg) - {"vocab_size", "min_frequency"}
-    if unknown:
-        raise ParamError(f"tokenizer: unknown parameter(s) {sorted(unknown)}")
-    train_tokenizer(world_texts(world_dir), int(cfg["vocab_size"]), out, int(cfg.get("min_frequency", 2)))
+    cfg = dataclass_from_params(TokenizerConfig, section(load_params(params_file), "tokenizer"), "tokenizer")
+    train_tokenizer(world_texts(world_dir), cfg.vocab_size, out, cfg.min_frequency)
     log.info("wrote %s", out)

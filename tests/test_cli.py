@@ -55,3 +55,16 @@ def test_missing_data_file_is_a_one_line_error(tmp_path, micro_tokenizer_dir):
     last = proc.stderr.strip().splitlines()[-1]
     assert last == f"tokenunlearn: error: {tmp_path / 'no-world' / 'full.json'}: file not found"
     assert "Traceback" not in proc.stderr and not (tmp_path / "model").exists()
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"tokenizer": {"vocab_size": "2048"}}, "tokenizer.vocab_size='2048': expected int"),
+    ({"tokenizer": {"min_frequency": 2}}, "tokenizer: "),  # vocab_size is required
+])
+def test_bad_tokenizer_params_give_one_line_errors(tmp_path, micro_world_dir, params, message):
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    proc = _run(["train-tokenizer", "--world", str(micro_world_dir), "--out", str(tmp_path / "tok")], tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"tokenunlearn: error: {message}")
+    assert not (tmp_path / "tok").exists()

@@ -9,7 +9,7 @@ export HF_HOME ?= $(CURDIR)/.cache/huggingface
 export DS_ACCELERATOR ?= cpu
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test clean-artifacts
+.PHONY: setup demo test tune corpus tofu clean-artifacts
 
 setup: $(STAMP)
 
@@ -26,6 +26,18 @@ $(STAMP): pyproject.toml Makefile requirements/spacy-model.txt
 
 demo: setup
 	$(VENV)/bin/dvc repro
+
+# Learning-rate tuning (about 25 minutes): its choice is written in params.yaml, so `make demo` does not need it.
+tune: setup
+	$(VENV)/bin/dvc repro experiments/tuning/dvc.yaml
+
+# The WMDP-style run on the embedded world (after `make demo`, whose models it uses).
+corpus: setup
+	$(VENV)/bin/dvc repro experiments/corpus/dvc.yaml
+
+# The real TOFU files (../shared/data/tofu) at embedded size: models trained from scratch, then the 15 runs.
+tofu: setup
+	$(VENV)/bin/dvc repro experiments/tofu/dvc.yaml
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests

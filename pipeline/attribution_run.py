@@ -29,7 +29,7 @@ from .params import dataclass_from_params
 from .shards import MANIFEST, ShardInfo, ShardWriter, iter_rows, write_manifest
 from .tagging import DEFAULT_UPOS, CachedTagger, make_tagger, tag_cache_file
 from .templates import get_template
-from .tofu import read_json_records, load_split
+from .tofu import load_passages, load_split, read_json_records
 from .weights import attribution_score
 
 log = logging.getLogger(__name__)
@@ -128,15 +128,7 @@ def load_records(cfg: AttributionConfig, data: DataConfig) -> tuple[list[dict], 
     if cfg.mode == "qa":
         records = load_split(data.source, cfg.split)
     else:
-        records = []
-        for i, rec in enumerate(read_json_records(Path(cfg.corpus)), start=1):
-            if not isinstance(rec, dict) or not isinstance(rec.get("text"), str) or not rec["text"].strip():
-                raise DataError(f"{cfg.corpus}: row {i}: field 'text' must be a non-empty string")
-            if "forget_splits" in rec and cfg.split and cfg.split not in rec["forget_splits"]:
-                continue  # the embedded world's biographies: keep the forget split's authors
-            records.append(rec)
-        if not records:
-            raise DataError(f"{cfg.corpus}: no passages for split '{cfg.split}'")
+        records = load_passages(cfg.corpus, cfg.split)  # the embedded world's biographies: the split's authors
     return records, hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()[:16]
 
 

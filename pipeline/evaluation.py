@@ -3,7 +3,8 @@
 Output directory of one evaluation:
     metrics.json          the summary (the paper's columns and every set's aggregates), a DVC metrics file
     items/<set>.parquet   per TOFU item: question, answer, greedy answer, probability, truth ratio, ROUGE-L, ES
-    mc/<set>.parquet      per multiple-choice item: answer, prediction, the four letter log-probabilities
+    mc/<set>.parquet      per multiple-choice item: answer, prediction, the four choices' scores (the spec's
+                          `scoring`, in the table's metadata: letter log-probs, or cloze log-probs per character)
 
 An unlearning run's directory holds one model per training seed (`seed{S}/model`): each is evaluated into
 `seed{S}/`, and the summary holds every seed's and the mean and standard deviation (ddof 1) of each number.
@@ -31,8 +32,8 @@ import torch
 from .atomic import atomic_dir, write_json
 from .errors import DataError, ParamError
 from .modeling import check_vocab, load_model, load_tokenizer
-from .multiple_choice import MCItem, evaluate_mc, load_mmlu, load_wmdp, world_mc_sets
-from .params import dataclass_from_params
+from .multiple_choice import SCORINGS, MCItem, evaluate_mc, load_mmlu, load_wmdp, world_mc_sets
+from .params import dataclass_from_params, section
 from .templates import get_template
 from .tofu import is_hub_name, load_split
 from .tofu_metrics import SetResult, evaluate_set, forget_quality, model_utility
@@ -52,7 +53,7 @@ class EvalConfig:
     tofu_sets: list = field(default_factory=lambda: list(TOFU_SETS))
     batch_size: int = 32
     max_new_tokens: int = 200
-    multiple_choice: dict = field(default_factory=dict)  # name -> {format: world|wmdp|mmlu, source, config, ...}
+    multiple_choice: dict = field(default_factory=dict)  # name -> {format: world|wmdp|mmlu, source, scoring, ...}
     mc_batch_size: int = 16
     seed: int = 0                      # the world's MC sets: the order of the choices
     trust_remote_code: bool = False
@@ -68,9 +69,20 @@ class EvalConfig:
                 raise ParamError(f"{where}.multiple_choice.{name}: needs format: one of {sorted(MC_FORMATS)}")
             if not spec.get("source"):
                 raise ParamError(f"{where}.multiple_choice.{name}: needs source (a file, directory or hub name)")
+            scoring = spec.get("scoring", "letter")
+            if not isinstance(scoring, str) or scoring not in SCORINGS:
+                raise ParamError(f"{where}.multiple_choice.{name}.scoring: {scoring!r} is unknown "
+                                 f"(choose from {sorted(SCORINGS)})")
         if cfg.batch_size < 1 or cfg.mc_batch_size < 1 or cfg.max_new_tokens < 1:
             raise ParamError(f"{where}: batch_size, mc_batch_size and max_new_tokens must be at least 1")
         return cfg
+
+
+def eval_config(params: dict) -> EvalConfig:
+    """The `evaluate` section over `data`'s source and template: what every evaluation of the pipeline uses."""
+    data = params.get("data") or {}
+    values = {"source": data.get("source"), "template": data.get("template"), **section(params, "evaluate")}
+    return EvalConfig.from_params({k: v for k, v in values.items() if v is not None}, "evaluate")
 
 
 # ---- multiple-choice sets by format -----------------------------------------------------------------------
@@ -164,9 +176,12 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
 
     mc_tables: dict[str, pa.Table] = {}
     for name, spec in cfg.multiple_choice.items():
+        scoring = spec.get("scoring", "letter")
         for set_name, items in MC_FORMATS[spec["format"]](name, spec, cfg).items():
-            result = evaluate_mc(model, tokenizer, items, batch_size=cfg.mc_batch_size)
-            mc_tables[set_name] = pa.Table.from_pylist(result["records"])
+            result = evaluate_mc(model, tokenizer, items, batch_size=cfg.mc_batch_size, scoring=scoring,
+                                 template=template)
+            mc_tables[set_name] = pa.Table.from_pylist(result["records"]).replace_schema_metadata(
+                {b"tokenunlearn": json.dumps({"scoring": scoring}).encode()})
             summary[f"mc_{set_name}"] = round(result["accuracy"], 6)
             log.info("multiple choice %s: accuracy %.4f over %d items", set_name, result["accuracy"], result["n"])
 

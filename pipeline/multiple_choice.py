@@ -8,6 +8,10 @@ harness's default `target_delimiter` is " ", so each continuation is " A", " B",
 of `prompt + " A"` after the prompt's tokens (as the harness's `_encode_pair`). The score of a letter is the
 summed log-probability of its continuation; the prediction is the argmax (the harness's `acc`).
 
+Cloze scoring (the harness's other standard form, for small models that never learned the lettered format) scores
+each choice's text as the continuation of the question's training prompt and the item's `stem` (the answer's text
+before the fact), per character of the choice (the harness's `acc_norm`), so longer choices are not penalised.
+
 The world's sets are the analogues of the benchmarks: `forget` (facts of the forget authors, as WMDP: the
 knowledge to remove), `retain` (as many facts of retained authors) and `world_facts` (as MMLU: general
 knowledge that should survive). Each is written as WMDP-format records, so one loader reads them all.
@@ -19,7 +23,7 @@ import csv
 import logging
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -27,6 +31,7 @@ import torch
 
 from .atomic import write_jsonl
 from .errors import DataError, ParamError
+from .templates import PromptTemplate, encode_prompt
 from .tofu import is_hub_name, load_hub_records, load_split, read_json_records
 
 log = logging.getLogger(__name__)
@@ -43,12 +48,14 @@ AUTHORS_SUBJECT = "fictitious authors"
 
 @dataclass(frozen=True)
 class MCItem:
-    """One question with four choices; `answer` indexes `choices`; `subject` is the phrase of the prompt's header."""
+    """One question with four choices; `answer` indexes `choices`; `subject` is the phrase of the prompt's header;
+    `stem` is the answer's text before the choice (cloze scoring only; "" where the choice is the whole answer)."""
 
     question: str
     choices: list[str]
     answer: int
     subject: str
+    stem: str = ""
 
 
 def format_prompt(item: MCItem) -> str:
@@ -61,7 +68,7 @@ def format_prompt(item: MCItem) -> str:
 
 
 def _item(row, where: str, i: int, subject: str) -> MCItem:
-    """Validate one record {question, choices, answer (int)} into an `MCItem`."""
+    """Validate one record {question, choices, answer (int), optional stem} into an `MCItem`."""
     if not isinstance(row, dict):
         raise DataError(f"{where}: row {i}: expected an object, got {type(row).__name__}")
     for name in ("question", "choices", "answer"):
@@ -78,7 +85,10 @@ def _item(row, where: str, i: int, subject: str) -> MCItem:
         raise DataError(f"{where}: row {i}: field 'answer' must be an integer index, got {answer!r}")
     if not 0 <= answer < len(LETTERS):
         raise DataError(f"{where}: row {i}: field 'answer' is {answer}, out of range 0..{len(LETTERS) - 1}")
-    return MCItem(question, list(choices), answer, subject)
+    stem = row.get("stem", "")
+    if not isinstance(stem, str):
+        raise DataError(f"{where}: row {i}: field 'stem' must be a string")
+    return MCItem(question, list(choices), answer, subject, stem)
 
 
 def _read_parquet(path: Path) -> list[dict]:
@@ -205,9 +215,10 @@ def load_mmlu(source: str | Path, subjects: Iterable[str] | None = None) -> list
 
 
 def write_wmdp_json(items: Iterable[MCItem], path: str | Path) -> None:
-    """WMDP-format records (JSON Lines), with each item's subject, atomically; `load_wmdp` reads them back."""
+    """WMDP-format records (JSON Lines), with each item's subject (and stem, if any), atomically; `load_wmdp`
+    reads them back."""
     write_jsonl(path, ({"question": it.question, "choices": list(it.choices), "answer": it.answer,
-                        "subject": it.subject} for it in items))
+                        "subject": it.subject, **({"stem": it.stem} if it.stem else {})} for it in items))
 
 
 # ---------------------------------------------------------------------------------------------- the world's sets
@@ -223,7 +234,7 @@ def _balanced(items: list[MCItem], rng: random.Random) -> list[MCItem]:
         wrong = [c for i, c in enumerate(item.choices) if i != item.answer]
         rng.shuffle(wrong)
         wrong.insert(pos, item.choices[item.answer])
-        out.append(MCItem(item.question, wrong, pos, item.subject))
+        out.append(replace(item, choices=wrong, answer=pos))
     return out
 
 
@@ -249,7 +260,8 @@ def _perturbed_values(paraphrased: str, perturbed: list[str], value: str) -> lis
 
 def _author_items(world_dir: Path, split: str, facts: dict, rng: random.Random) -> list[tuple[str, MCItem]]:
     """(author, item with the answer first) per question of a `*_perturbed` split: the true fact value and three
-    of its perturbed values, drawn by the world from the same attribute's word list."""
+    of its perturbed values, drawn by the world from the same attribute's word list; the stem is the answer's text
+    before the fact."""
     rows, where, out = load_split(world_dir, split), str(world_dir / f"{split}.json"), []
     for i, row in enumerate(rows, start=1):
         note = facts.get((row["question"], row["answer"]))
@@ -269,7 +281,7 @@ def _author_items(world_dir: Path, split: str, facts: dict, rng: random.Random) 
         # Name the author in the header only where the question does: never give the answer away.
         subject = f"the fictitious author {author}" if author in row["question"] else AUTHORS_SUBJECT
         choices = [value, *rng.sample(wrong, len(LETTERS) - 1)]
-        out.append((author, MCItem(row["question"], choices, 0, subject)))
+        out.append((author, MCItem(row["question"], choices, 0, subject, stem=row["answer"][:s])))
     return out
 
 
@@ -393,6 +405,49 @@ def letter_logprobs(model, tokenizer, items: list[MCItem], batch_size: int = 16,
     return continuation_logprobs(model, contexts, conts, pad_id, batch_size, padding_side)
 
 
+def encode_cloze(tokenizer, items: list[MCItem], template: PromptTemplate
+                 ) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """Token ids of each item's context (its question's training prompt, then its stem) and of each choice as the
+    continuation: the tokens of `stem.rstrip() + whitespace + choice` after the stripped stem's (the harness's
+    split, which moves the stem's trailing whitespace into the continuation)."""
+    contexts, conts = [], []
+    for i, item in enumerate(items, start=1):
+        head = item.stem.rstrip()
+        space = item.stem[len(head):]
+        # The answer is tokenized on its own, after the prompt's ids, as `encode_qa` does in training.
+        head_ids = tokenizer(head, add_special_tokens=False)["input_ids"] if head else []
+        wholes = tokenizer([head + space + c for c in item.choices], add_special_tokens=False)["input_ids"]
+        per_item = [ids[len(head_ids):] for ids in wholes]
+        for j, (choice, ids) in enumerate(zip(item.choices, per_item)):
+            if not choice or not ids:
+                raise DataError(f"item {i}: choice {LETTERS[j]} {choice!r} is empty or encodes to no tokens")
+        contexts.append(encode_prompt(tokenizer, template, item.question)[2] + head_ids)
+        conts.append(per_item)
+    return contexts, conts
+
+
+def cloze_logprobs(model, tokenizer, items: list[MCItem], template: PromptTemplate | None, batch_size: int = 16,
+                   padding_side: str = "right") -> torch.Tensor:
+    """log p(choice | training prompt + stem) per character of the choice: [items, 4] (the harness's `acc_norm`:
+    without the division, longer choices would lose for their length alone)."""
+    if template is None:
+        raise ParamError("cloze scoring needs the prompt template the model was trained with (e.g. 'plain')")
+    model.eval()
+    contexts, conts = encode_cloze(tokenizer, items, template)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    summed = continuation_logprobs(model, contexts, conts, pad_id, batch_size, padding_side)
+    chars = torch.tensor([[len(c) for c in it.choices] for it in items], dtype=torch.float32).reshape(summed.shape)
+    return summed / chars
+
+
+# Scoring name -> (model, tokenizer, items, batch_size, padding_side, add_special_tokens, template) -> [items, 4].
+# Letter scoring has no use for the template; cloze scoring takes its special tokens from the template, as training.
+SCORINGS: dict[str, Callable[..., torch.Tensor]] = {
+    "letter": lambda model, tok, items, bs, side, special, tpl: letter_logprobs(model, tok, items, bs, side, special),
+    "cloze": lambda model, tok, items, bs, side, special, tpl: cloze_logprobs(model, tok, items, tpl, bs, side),
+}
+
+
 def score_items(items: list[MCItem], logprobs) -> dict:
     """Per-item records (predicted index = argmax, correct, the log-probs) and accuracy overall (over items)
     and per subject."""
@@ -417,8 +472,13 @@ def score_items(items: list[MCItem], logprobs) -> dict:
 
 
 def evaluate_mc(model, tokenizer, items: list[MCItem], batch_size: int = 16, padding_side: str = "right",
-                add_special_tokens: bool = True) -> dict:
-    """Zero-shot accuracy of `model` on `items`: `score_items` of `letter_logprobs`."""
-    result = score_items(items, letter_logprobs(model, tokenizer, items, batch_size, padding_side, add_special_tokens))
-    log.info("multiple choice: %d items, accuracy %.4f", result["n"], result["accuracy"])
+                add_special_tokens: bool = True, scoring: str = "letter",
+                template: PromptTemplate | None = None) -> dict:
+    """Zero-shot accuracy of `model` on `items`: `score_items` of the scores of `scoring` (one of `SCORINGS`:
+    `letter_logprobs`, or `cloze_logprobs`, which needs the training `template`)."""
+    score = SCORINGS.get(scoring) if isinstance(scoring, str) else None
+    if score is None:
+        raise ParamError(f"scoring={scoring!r}: unknown (choose from {sorted(SCORINGS)})")
+    result = score_items(items, score(model, tokenizer, items, batch_size, padding_side, add_special_tokens, template))
+    log.info("multiple choice (%s): %d items, accuracy %.4f", scoring, result["n"], result["accuracy"])
     return result

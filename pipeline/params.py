@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 from typing import Any, TypeVar
@@ -13,8 +14,35 @@ from .errors import ParamError
 T = TypeVar("T")
 
 
-def load_params(path: str | Path = "params.yaml") -> dict:
-    path = Path(path)
+def load_params(path: str | Path = "params.yaml", overlay: str | None = None) -> dict:
+    """The params file, with the overlay section `overlay` (if given) applied: see `apply_overlay`."""
+    params = _read_params(Path(path))
+    return apply_overlay(params, overlay, str(path)) if overlay else params
+
+
+def apply_overlay(params: dict, name: str, where: str = "params") -> dict:
+    """A variant of the params: section `name` holds changes to the other sections, merged into them (a mapping
+    merges key by key; a list, scalar or null replaces), e.g. `corpus: {unlearn: {train: {epochs: 20}}}`."""
+    overlay = params.get(name)
+    if not isinstance(overlay, dict) or not overlay:
+        raise ParamError(f"{where}: no overlay section '{name}' (a mapping of the sections' changes)")
+    unknown = sorted(set(overlay) - set(params))
+    if unknown:
+        raise ParamError(f"{where}: overlay '{name}' changes sections {unknown} that the params do not have")
+    return _merged(params, overlay)
+
+
+def _merged(base: dict, changes: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _read_params(path: Path) -> dict:
     try:
         params = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -106,6 +106,13 @@ def encode_qa(tokenizer, template: PromptTemplate, question: str, answer: str) -
     return EncodedSample(text, input_ids, labels, offsets, q_span, (shift, len(text)), len(p_ids))
 
 
+def encode_text(tokenizer, text: str) -> EncodedSample:
+    """A passage as a training sample: BOS (if the tokenizer has one) and its tokens, every token after the first
+    labelled, as corpus-mode attribution scores it (no prompt, no EOS)."""
+    ids, offsets = _encode(tokenizer, text, add_special_tokens=True)
+    return EncodedSample(text, ids, [IGNORE_INDEX] + ids[1:], offsets, (0, 0), (0, len(text)), 0)
+
+
 def encode_rows(
     tokenizer,
     template: PromptTemplate,

@@ -120,3 +120,20 @@ def load_split(source: str | Path, split: str) -> list[dict]:
     rows = validate_rows(rows, schema_for(split), where)
     log.debug("loaded %d rows from %s", len(rows), where)
     return rows
+
+
+def load_passages(path: str | Path, split: str = "", forget: bool = True) -> list[dict]:
+    """A corpus of passages (JSON Lines with a non-empty `text`). Where records name their `forget_splits` (the
+    embedded world's biographies), `forget=True` keeps the passages of `split`'s authors (the forget corpus) and
+    `forget=False` the others (the retain corpus); records without the field are always kept."""
+    path = Path(path)
+    out = []
+    for i, rec in enumerate(read_json_records(path), start=1):
+        if not isinstance(rec, dict) or not isinstance(rec.get("text"), str) or not rec["text"].strip():
+            raise DataError(f"{path}: row {i}: field 'text' must be a non-empty string")
+        if split and "forget_splits" in rec and (split in rec["forget_splits"]) != forget:
+            continue
+        out.append(rec)
+    if not out:
+        raise DataError(f"{path}: no {'forget' if forget else 'retain'} passages for split '{split}'")
+    return out

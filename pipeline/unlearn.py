@@ -19,15 +19,15 @@ import torch
 from .atomic import atomic_dir
 from .batching import StepSchedule, pad_batch
 from .engine import Engine, TrainConfig, deepspeed_config, fingerprint, init_distributed, train_loop, zero3_loading
-from .errors import ParamError
+from .errors import DataError, ParamError
 from .finetune import DataConfig, write_history
 from .forget_stream import ForgetStream, Weighting, forget_batch, write_token_weights
 from .modeling import check_vocab, load_model, load_tokenizer, write_model
 from .objectives import (activation_matching_loss, forward_kl_loss, ga_token_loss, nll_loss, npo_sequence_loss,
                          npo_token_loss, rmu_token_loss, token_logp, weighted_sample_mean, wga_token_loss)
-from .params import dataclass_from_params
-from .templates import encode_rows, get_template
-from .tofu import load_split
+from .params import dataclass_from_params, section
+from .templates import EncodedSample, encode_rows, encode_text, get_template
+from .tofu import load_passages, load_split
 from .weights import WEIGHTING
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,8 @@ class UnlearnConfig:
     tau: float = 0.5                   # soft: softmax(φ / τ)
     alpha: float = 0.7                 # φ = α·minmax(Δ) + (1−α)·minmax(H), recomputed from the shards' Δ and H
     retain_split: str = "retain90"
+    retain_corpus: str = ""            # instead of retain_split: passages (JSON Lines, `text`), e.g. the world's
+                                       # biographies, less those of the forget split's authors (WMDP-style runs)
     retain_loss: str = "kl"            # kl: λ·KL(p_ref ‖ p_θ) on retain answers | nll | activation (RMU's) | none
     retain_weight: float = 0.1         # λ
     gamma: float = 1.0                 # WGA
@@ -75,6 +77,21 @@ class UnlearnConfig:
         """The retention term in use: the method's own (GradDiff's NLL) or `retain_loss`; None if off."""
         name = METHODS[self.method].default_retain or self.retain_loss
         return RETAIN_LOSSES[name] if name != "none" and self.retain_weight > 0 else None
+
+
+def run_configs(params: dict, name: str, section_name: str = "unlearn") -> tuple[UnlearnConfig, TrainConfig]:
+    """Run NAME of `<section>.runs`: its method config over `<section>.defaults`, and its training config, which
+    is `<section>.train` with the run's own `train:` overrides (a tuned learning rate, say)."""
+    runs = section(params, f"{section_name}.runs")
+    if name not in runs:
+        raise ParamError(f"{section_name}.runs: no run named '{name}' (have {sorted(runs)})")
+    spec, where = dict(runs[name]), f"{section_name}.runs.{name}"
+    overrides = spec.pop("train", {})
+    if not isinstance(overrides, dict):
+        raise ParamError(f"{where}.train: expected a mapping such as {{lr: 1.0e-4}}")
+    cfg = UnlearnConfig.from_params({**section(params, f"{section_name}.defaults"), **spec}, where)
+    train = TrainConfig.from_params({**section(params, f"{section_name}.train"), **overrides}, f"{where}.train")
+    return cfg, train
 
 
 # ---- forget losses: one function per method, chosen from a registry -------------------------------------
@@ -223,6 +240,27 @@ def prepare_reference(model_path: str, ds_config: dict, device, trust_remote_cod
     return ref.to(device)
 
 
+def load_retain(cfg: UnlearnConfig, data: DataConfig, tokenizer, forget_split: str) -> list[EncodedSample]:
+    """The retain samples: question-answer rows of `retain_split`, or the passages of `retain_corpus` that are not
+    the forget split's."""
+    if not cfg.retain_corpus:
+        rows = load_split(data.source, cfg.retain_split)
+        return encode_rows(tokenizer, get_template(data.template), rows, data.max_length,
+                           f"{data.source}/{cfg.retain_split}", data.skip_too_long)
+    samples = []
+    for i, rec in enumerate(load_passages(cfg.retain_corpus, forget_split, forget=False), start=1):
+        sample = encode_text(tokenizer, rec["text"])
+        if len(sample) > data.max_length:
+            if data.skip_too_long:
+                continue
+            raise DataError(f"{cfg.retain_corpus}: retain passage {i}: {len(sample)} tokens exceed "
+                            f"data.max_length={data.max_length}")
+        samples.append(sample)
+    if not samples:
+        raise DataError(f"{cfg.retain_corpus}: every retain passage is longer than data.max_length")
+    return samples
+
+
 def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataConfig, model_path: str,
                 shard_dir: Path, out_dir: Path, ckpt_dir: Path, plot_file: Path, resume: bool) -> dict:
     """Unlearn and write `out_dir/model` (safetensors), `out_dir/token_weights.parquet` (the weights used) and
@@ -230,9 +268,7 @@ def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataCon
     rank, world_size = init_distributed()
     tokenizer = load_tokenizer(model_path, cfg.trust_remote_code)
     forget = ForgetStream(shard_dir, cfg.weighting_spec, seed=train.seed)
-    retain_rows = load_split(data.source, cfg.retain_split)
-    retain = encode_rows(tokenizer, get_template(data.template), retain_rows, data.max_length,
-                         f"{data.source}/{cfg.retain_split}", data.skip_too_long)
+    retain = load_retain(cfg, data, tokenizer, forget.manifest["metadata"].get("split", ""))
     schedule = StepSchedule(len(forget), train.micro_batch_size, train.grad_accum, world_size, train.seed,
                             order=forget.epoch_order)
     # Retain micro-batches follow their own schedule, paired with the forget micro-batches by position in

@@ -14,21 +14,22 @@ from pipeline.finetune import DataConfig
 from pipeline.params import load_params, section
 from pipeline.tagging import trankit_cache_dir
 
-from .options import params_option
+from .options import overlay_option, params_option
 
 log = logging.getLogger(__name__)
 
 
 @click.command("attribute")
 @params_option
+@overlay_option
 @click.option("--out", default="artifacts/attribution", show_default=True, type=click.Path(file_okay=False),
               help="Shard directory (Parquet shards and manifest.json).")
 @click.option("--metrics", default="artifacts/metrics/attribution.json", show_default=True,
               type=click.Path(dir_okay=False), help="Counts and attribution quality (DVC metrics).")
 @click.option("--local_rank", "--local-rank", type=int, default=None, hidden=True)
-def command(params_file: str, out: str, metrics: str, local_rank) -> None:
+def command(params_file: str, overlay, out: str, metrics: str, local_rank) -> None:
     """Tag nouns, run the original and masked passes, write Δ, H and φ per token (params: attribution, data)."""
-    params = load_params(params_file)
+    params = load_params(params_file, overlay)
     cfg = AttributionConfig.from_params(section(params, "attribution"))
     data = DataConfig.from_params(section(params, "data"))
     summary = run_attribution(cfg, data, Path(out), Path(metrics))

@@ -11,7 +11,7 @@ import click
 from pipeline.engine import shutdown_distributed
 from pipeline.errors import TokenUnlearnError
 
-from . import attribute, check_models, evaluate, finetune, inspect, report, tokenizer, unlearn, world
+from . import attribute, check_models, evaluate, finetune, inspect, report, tokenizer, tune, unlearn, world
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -31,7 +31,7 @@ def cli(verbose: bool, local_rank: int | None) -> None:
 
 for command in (world.command, tokenizer.command, finetune.command, check_models.command, attribute.command,
                 attribute.download_command, inspect.command, unlearn.command, evaluate.command,
-                report.command):
+                report.command, tune.command):
     cli.add_command(command)
 
 

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import click
 
-from pipeline.evaluation import EvalConfig, evaluate_path
-from pipeline.params import load_params, section
+from pipeline.evaluation import eval_config, evaluate_path
+from pipeline.params import load_params
 
-from .options import params_option
+from .options import overlay_option, params_option
 
 log = logging.getLogger(__name__)
 
@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 @click.command("evaluate")
 @click.argument("name")
 @params_option
+@overlay_option
 @click.option("--model", "model_path", required=True,
               help="A model directory (safetensors) or hub name, or an unlearning run's directory "
                    "(artifacts/unlearn/t_npo: every seed{S}/model in it).")
@@ -24,13 +25,10 @@ log = logging.getLogger(__name__)
 @click.option("--retain-results", type=click.Path(file_okay=False),
               help="The retain model's evaluation directory, for forget quality (the --out of its evaluation; "
                    "the same as --out when NAME is the retain model). Left out: no forget quality.")
-def command(name, params_file, model_path, out, metrics, retain_results) -> None:
+def command(name, params_file, overlay, model_path, out, metrics, retain_results) -> None:
     """Evaluate model NAME (or each seed of run NAME) on the TOFU sets and the multiple-choice sets (params:
     evaluate, data)."""
-    params = load_params(params_file)
-    data = section(params, "data")
-    values = {"source": data.get("source"), "template": data.get("template"), **section(params, "evaluate")}
-    cfg = EvalConfig.from_params({k: v for k, v in values.items() if v is not None}, "evaluate")
+    cfg = eval_config(load_params(params_file, overlay))
     out_dir = Path(out or f"artifacts/eval/{name}")
     summary = evaluate_path(model_path, cfg, out_dir, Path(retain_results) if retain_results else None,
                              Path(metrics or f"artifacts/metrics/eval/{name}.json"))

@@ -15,7 +15,7 @@ from pipeline.errors import ParamError
 from pipeline.finetune import DataConfig, FinetuneJob, run_finetune
 from pipeline.params import load_params, section
 
-from .options import params_option
+from .options import overlay_option, params_option
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ def job_from_params(params: dict, name: str) -> FinetuneJob:
 @click.command("finetune")
 @click.argument("name")
 @params_option
+@overlay_option
 @click.option("--out", type=click.Path(file_okay=False), help="Model directory [artifacts/models/NAME].")
 @click.option("--checkpoints", type=click.Path(file_okay=False),
               help="Checkpoint directory [artifacts/checkpoints/NAME].")
@@ -55,9 +56,9 @@ def job_from_params(params: dict, name: str) -> FinetuneJob:
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Continue from a checkpoint of the same run, if there is one.")
 @click.option("--local_rank", "--local-rank", type=int, default=None, hidden=True)
-def command(name, params_file, out, checkpoints, plot, resume, local_rank) -> None:
+def command(name, params_file, overlay, out, checkpoints, plot, resume, local_rank) -> None:
     """Finetune model NAME as `finetune.models.NAME` in the params says (init, splits, train overrides)."""
-    job = job_from_params(load_params(params_file), name)
+    job = job_from_params(load_params(params_file, overlay), name)
     summary = run_finetune(
         job,
         out_dir=Path(out or f"artifacts/models/{name}"),

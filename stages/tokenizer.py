@@ -9,7 +9,7 @@ from pipeline.modeling import train_tokenizer
 from pipeline.params import dataclass_from_params, load_params, section
 from pipeline.world import world_texts
 
-from .options import params_option
+from .options import overlay_option, params_option
 
 log = logging.getLogger(__name__)
 
@@ -22,11 +22,13 @@ class TokenizerConfig:
 
 @click.command("train-tokenizer")
 @params_option
+@overlay_option
 @click.option("--world", "world_dir", default="artifacts/world", show_default=True,
-              type=click.Path(exists=True, file_okay=False), help="The generated world to train on.")
+              type=click.Path(exists=True, file_okay=False),
+              help="The generated world, or any directory of TOFU-format JSON Lines, to train on.")
 @click.option("--out", default="artifacts/tokenizer", show_default=True, type=click.Path(file_okay=False))
-def command(params_file: str, world_dir: str, out: str) -> None:
+def command(params_file: str, overlay, world_dir: str, out: str) -> None:
     """Train a BPE tokenizer on every text of the world (params: tokenizer)."""
-    cfg = dataclass_from_params(TokenizerConfig, section(load_params(params_file), "tokenizer"), "tokenizer")
+    cfg = dataclass_from_params(TokenizerConfig, section(load_params(params_file, overlay), "tokenizer"), "tokenizer")
     train_tokenizer(world_texts(world_dir), cfg.vocab_size, out, cfg.min_frequency)
     log.info("wrote %s", out)

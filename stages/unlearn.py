@@ -11,13 +11,12 @@ from pathlib import Path
 
 import click
 
-from pipeline.engine import TrainConfig
 from pipeline.errors import ParamError
 from pipeline.finetune import DataConfig
 from pipeline.params import load_params, section
-from pipeline.unlearn import UnlearnConfig, run_unlearn
+from pipeline.unlearn import run_configs, run_unlearn
 
-from .options import params_option
+from .options import overlay_option, params_option
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +24,7 @@ log = logging.getLogger(__name__)
 @click.command("unlearn")
 @click.argument("name")
 @params_option
+@overlay_option
 @click.option("--shards", default="artifacts/attribution", show_default=True, type=click.Path(file_okay=False),
               help="The attribution shards of the forget set (stage one's output).")
 @click.option("--out", type=click.Path(file_okay=False),
@@ -36,15 +36,11 @@ log = logging.getLogger(__name__)
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Continue from a checkpoint of the same run, if there is one.")
 @click.option("--local_rank", "--local-rank", type=int, default=None, hidden=True)
-def command(name, params_file, shards, out, checkpoints, plots, seeds, resume, local_rank) -> None:
-    """Unlearn with run NAME: its method and weighting over `unlearn.defaults`, once per seed (params: unlearn,
-    data)."""
-    params = load_params(params_file)
-    runs = section(params, "unlearn.runs")
-    if name not in runs:
-        raise ParamError(f"unlearn.runs: no run named '{name}' (have {sorted(runs)})")
-    cfg = UnlearnConfig.from_params({**section(params, "unlearn.defaults"), **runs[name]}, f"unlearn.runs.{name}")
-    train = TrainConfig.from_params(section(params, "unlearn.train"), "unlearn.train")
+def command(name, params_file, overlay, shards, out, checkpoints, plots, seeds, resume, local_rank) -> None:
+    """Unlearn with run NAME: its method and weighting over `unlearn.defaults`, its `train:` over `unlearn.train`,
+    once per seed (params: unlearn, data)."""
+    params = load_params(params_file, overlay)
+    cfg, train = run_configs(params, name)
     out_dir = Path(out or f"artifacts/unlearn/{name}")
     ckpt_dir = Path(checkpoints or f"artifacts/checkpoints/unlearn-{name}")
     plots_dir = Path(plots or f"artifacts/plots/unlearn/{name}")

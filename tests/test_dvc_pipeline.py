@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -21,13 +22,14 @@ def _dvc(args, cwd, timeout=900):
 def test_dvc_repro_micro_world(tmp_path):
     proj = tmp_path / "proj"
     proj.mkdir()
-    for name in ("dvc.yaml", "data", "pipeline"):
+    for name in ("dvc.yaml", "data", "pipeline", "experiments"):
         src = REPO / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, proj / name)
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["world"].update(MICRO_WORLD)
     params["tokenizer"]["vocab_size"] = 400
-    params["model"]["config"] = TINY_MODEL
+    params["model"]["config"] = {**TINY_MODEL, "max_position_embeddings": 256}  # the corpus run's passages
+    params["data"]["max_length"] = 256
     params["finetune"]["train"].update(epochs=2, micro_batch_size=8, checkpoint_every=0)
     params["finetune"]["models"]["base"]["train"] = {"epochs": 2}
     params["check"]["max_new_tokens"] = 16
@@ -84,6 +86,22 @@ def test_dvc_repro_micro_world(tmp_path):
         assert f"Running stage '{stage}'" in ran, ran[-3000:]
     for stage in ("attribute", "evaluate@npo"):  # npo's weights do not use τ: the same model, not re-evaluated
         assert f"Running stage '{stage}'" not in ran, ran[-3000:]
+
+    # The WMDP-style run and the tuning are pipelines of their own on the same params, through their overlays.
+    params["corpus"]["unlearn"]["train"] = {"epochs": 1, "micro_batch_size": 1}
+    params["corpus"]["report"]["table"] = ["npo", "s_wga"]
+    params["tune"].update(lrs=[1e-4, 1e-3], groups={"npo": ["npo"]})
+    (proj / "params.yaml").write_text(yaml.safe_dump(params))
+    _dvc(["repro", "experiments/corpus/dvc.yaml"], proj)
+    weights = pq.read_table(proj / "artifacts/corpus/unlearn/s_wga/seed0/token_weights.parquet")
+    assert weights.num_rows == 1  # the micro world's one forget10 author's passage
+    corpus = json.loads((proj / "artifacts/corpus/metrics/eval/npo.json").read_text())
+    assert {"mc_world_forget", "mc_world_retain", "mc_world_world_facts"} <= set(corpus)
+    assert "| S-WGA | s_wga |" in (proj / "artifacts/corpus/report/results.md").read_text()
+    _dvc(["repro", "experiments/tuning/dvc.yaml"], proj)
+    choice = json.loads((proj / "artifacts/tuning/npo/choice.json").read_text())
+    assert [t["lr"] for t in choice["runs"]["npo"]["trials"]] == [1e-4, 1e-3]
+    assert "Running stage" not in _dvc(["repro"], proj)  # the root pipeline did not change
 
     # Changing only a finetune param reruns that model and what follows, never the world or tokenizer.
     params["finetune"]["models"]["retain"]["train"] = {"epochs": 1}

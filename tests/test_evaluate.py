@@ -6,7 +6,7 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.errors import DataError
+from pipeline.errors import DataError, ParamError
 from pipeline.evaluation import EvalConfig, evaluate_model, evaluate_path
 from pipeline.report import load_rows, results_table, write_report
 
@@ -40,7 +40,23 @@ def test_an_evaluation_keeps_items_and_the_papers_columns(retain_eval, micro_wor
     assert 0 <= summary["model_utility"] <= 1 and summary["retain_es"] == summary["retain"]["extraction_strength"]
     assert {"mc_world_forget", "mc_world_retain", "mc_world_world_facts"} <= set(summary)
     assert pq.read_table(out / "mc" / "world_forget.parquet").num_rows == 3
+    meta = pq.read_table(out / "mc" / "world_forget.parquet").schema.metadata[b"tokenunlearn"]
+    assert json.loads(meta) == {"scoring": "letter"}  # the default
     assert json.loads((out.parent / "m" / "retain.json").read_text()) == summary
+
+
+def test_cloze_multiple_choice(micro_model_dir, micro_world_dir, tmp_path):
+    spec = {"format": "world", "source": str(micro_world_dir), "scoring": "cloze"}
+    summary = evaluate_model(str(micro_model_dir), _cfg(micro_world_dir, tofu_sets=[], multiple_choice={"w": spec}),
+                             tmp_path / "out", None)
+    for part in ("forget", "retain", "world_facts"):
+        table = pq.read_table(tmp_path / "out" / "mc" / f"w_{part}.parquet")
+        assert json.loads(table.schema.metadata[b"tokenunlearn"]) == {"scoring": "cloze"}
+        correct = table.column("correct").to_pylist()
+        assert summary[f"mc_w_{part}"] == pytest.approx(sum(correct) / len(correct), abs=1e-6)
+    with pytest.raises(ParamError, match=r"evaluate\.multiple_choice\.w\.scoring: 'bogus' is unknown "
+                                         r"\(choose from \['cloze', 'letter'\]\)"):
+        _cfg(micro_world_dir, multiple_choice={"w": {**spec, "scoring": "bogus"}})
 
 
 def test_forget_quality_reads_the_retain_models_items(retain_eval, micro_model_dir, micro_tokenizer, micro_world_dir,

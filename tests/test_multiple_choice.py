@@ -8,7 +8,9 @@ import torch
 from pipeline.errors import DataError, ParamError
 from pipeline.multiple_choice import (
     MCItem,
+    cloze_logprobs,
     continuation_logprobs,
+    encode_cloze,
     encode_continuations,
     evaluate_mc,
     format_prompt,
@@ -19,6 +21,7 @@ from pipeline.multiple_choice import (
     world_mc_sets,
     write_wmdp_json,
 )
+from pipeline.templates import encode_qa, get_template
 from pipeline.tofu import load_split, read_json_records
 
 ITEM = MCItem("What is 2 + 2? ", ["3", "4", "5", "22"], 1, "elementary mathematics")
@@ -99,6 +102,30 @@ def test_letter_scoring_picks_the_favoured_letter(micro_tokenizer):
     logprobs = letter_logprobs(model, micro_tokenizer, items, batch_size=3)
     assert logprobs.argmax(-1).tolist() == [0, 0]
     assert logprobs[0, 0].item() == pytest.approx(2 * math.log(0.5), abs=1e-4)
+
+
+def test_cloze_scores_per_character_by_hand(micro_tokenizer):
+    # Three tokens get logit 30, the rest 0: each of the three has log-prob L = 30 - lse, any other -lse.
+    favoured = ("Ġ", "q", "ĠTressivane")
+    lse = math.log(3 * math.exp(30) + (len(micro_tokenizer) - 3))
+    big, small = 30 - lse, -lse
+    model = FixedLogits(_letter_bias(micro_tokenizer, {t: 30.0 for t in favoured}))
+    item = MCItem("Who is it?", ["q", "Tressivane q", "q q", "x"], 1, "toys", stem="It is ")
+    _, conts = encode_cloze(micro_tokenizer, [item], get_template("plain"))
+    # The stem's trailing space moves into each continuation.
+    assert [micro_tokenizer.convert_ids_to_tokens(c) for c in conts[0]] == [
+        ["Ġ", "q"], ["ĠTressivane", "Ġ", "q"], ["Ġ", "q", "Ġ", "q"], ["Ġ", "x"]]
+    got = cloze_logprobs(model, micro_tokenizer, [item], get_template("plain"))
+    expected = [2 * big / 1, 3 * big / 12, 4 * big / 3, (big + small) / 1]  # summed log-probs / len(choice)
+    assert got[0].tolist() == pytest.approx(expected, abs=1e-4)
+    # Summed, "q" (two likely tokens) would win; per character the long choice does.
+    assert max(range(4), key=lambda j: expected[j] * len(item.choices[j])) == 0
+    result = evaluate_mc(model, micro_tokenizer, [item], scoring="cloze", template=get_template("plain"))
+    assert result["records"][0]["predicted"] == 1 and result["accuracy"] == 1.0
+    with pytest.raises(ParamError, match="cloze scoring needs the prompt template"):
+        evaluate_mc(model, micro_tokenizer, [item], scoring="cloze")
+    with pytest.raises(ParamError, match=r"scoring='bogus': unknown \(choose from \['cloze', 'letter'\]\)"):
+        evaluate_mc(model, micro_tokenizer, [item], scoring="bogus")
 
 
 @pytest.fixture(scope="module")
@@ -232,8 +259,8 @@ def test_world_mc_sets(micro_world_dir):
 
     notes = {a["question"]: a for a in read_json_records(micro_world_dir / "annotations.json") if a["author"]}
     authors = {a["name"]: a["facts"] for a in read_json_records(micro_world_dir / "authors.json")}
-    perturbed = {r["question"]: r["perturbed_answer"]
-                 for split in ("forget10_perturbed", "retain_perturbed") for r in load_split(micro_world_dir, split)}
+    rows = {r["question"]: r for split in ("forget10_perturbed", "retain_perturbed")
+            for r in load_split(micro_world_dir, split)}
     who = {}
     for name in ("forget", "retain"):
         who[name] = set()
@@ -243,8 +270,14 @@ def test_world_mc_sets(micro_world_dir):
             assert item.choices[item.answer] == authors[note["author"]][note["attribute"]]  # the true fact
             wrong = [c for i, c in enumerate(item.choices) if i != item.answer]
             assert len(set(item.choices)) == 4
-            assert all(any(w in p for p in perturbed[item.question]) for w in wrong)  # perturbed values
+            assert all(any(w in p for p in rows[item.question]["perturbed_answer"]) for w in wrong)  # perturbed
             assert item.subject == f"the fictitious author {note['author']}"
+            # The stem is the answer's text before the fact: stem + true value begins the answer, and never holds it.
+            answer = rows[item.question]["answer"]
+            assert item.stem == answer[:note["answer_fact_spans"][0][0]]
+            assert answer.startswith(item.stem + item.choices[item.answer])
+            assert item.choices[item.answer] not in item.stem
+    assert any(it.stem for it in sets["forget"]) and all(it.stem == "" for it in sets["world_facts"])
     forget_authors = {a["name"] for a in read_json_records(micro_world_dir / "authors.json")
                       if "forget10" in a["forget_splits"]}
     assert who["forget"] == forget_authors
@@ -271,4 +304,27 @@ def test_world_sets_round_trip_through_the_wmdp_loader(micro_world_dir, tmp_path
         write_wmdp_json(items, tmp_path / f"{name}.json")
         assert load_wmdp(tmp_path / f"{name}.json") == items
     rows = read_json_records(tmp_path / "forget.json")
-    assert set(rows[0]) == {"question", "choices", "answer", "subject"}
+    assert {k for r in rows for k in r} == {"question", "choices", "answer", "subject", "stem"}
+    assert all(set(r) == {"question", "choices", "answer", "subject"} for r in read_json_records(
+        tmp_path / "world_facts.json"))  # no stem: plain WMDP records
+
+
+def test_cloze_scores_exactly_the_training_answer(micro_tokenizer, micro_world_dir):
+    # The context and the true choice's continuation are the training sample's tokens up to the fact's end.
+    template = get_template("plain")
+    sets = world_mc_sets(micro_world_dir)
+    answers = {r["question"]: r["answer"] for split in ("forget10_perturbed", "retain_perturbed", "world_facts")
+               for r in load_split(micro_world_dir, split)}
+    items = [it for items in sets.values() for it in items]
+    contexts, conts = encode_cloze(micro_tokenizer, items, template)
+    spaced = 0
+    for item, context, per_item in zip(items, contexts, conts):
+        answer = answers[item.question]
+        sample = encode_qa(micro_tokenizer, template, item.question, answer)
+        true = per_item[item.answer]
+        assert context + true == sample.input_ids[:len(context) + len(true)]
+        # ... and the scored text is the choice with the stem's trailing whitespace: nothing more, nothing less.
+        end = len(item.stem) + len(item.choices[item.answer])
+        assert micro_tokenizer.decode(true) == answer[len(item.stem.rstrip()):end]
+        spaced += item.stem.endswith(" ")
+    assert spaced > 0  # stems with a trailing space were tested

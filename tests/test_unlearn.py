@@ -11,9 +11,9 @@ from pipeline.engine import TrainConfig
 from pipeline.errors import DataError, ParamError
 from pipeline.finetune import DataConfig
 from pipeline.forget_stream import ForgetStream
-from pipeline.unlearn import METHODS, UnlearnConfig, run_unlearn
+from pipeline.unlearn import METHODS, UnlearnConfig, load_retain, run_configs, run_unlearn
 
-from .conftest import load_weights
+from .conftest import ATTRIBUTION, load_weights
 
 TRAIN = {"epochs": 2, "lr": 1e-3, "micro_batch_size": 2, "warmup_ratio": 0.0, "seed": 0}
 
@@ -141,3 +141,42 @@ def test_two_processes_match_one_process(attribution_dir, micro_model_dir, micro
     weights_two = load_weights(tmp_path / "two" / "seed0" / "model")
     for name in weights_one:
         assert torch.allclose(weights_one[name], weights_two[name], rtol=1e-4, atol=1e-6), name
+
+
+def test_run_configs_merge_defaults_run_and_its_train_overrides():
+    params = {"unlearn": {"train": TRAIN, "defaults": {"r": 0.2, "beta": 0.1},
+                          "runs": {"t_npo": {"method": "npo", "weighting": "hard", "r": 0.4, "train": {"lr": 5e-4}},
+                                   "bad": {"method": "ga", "train": {"lr": -1.0}}}}}
+    cfg, train = run_configs(params, "t_npo")
+    assert (cfg.method, cfg.weighting, cfg.r, cfg.beta) == ("npo", "hard", 0.4, 0.1)
+    assert train.lr == 5e-4 and train.epochs == TRAIN["epochs"]  # the rest of unlearn.train stays
+    with pytest.raises(ParamError, match="unlearn.runs.bad.train.lr"):
+        run_configs(params, "bad")
+    with pytest.raises(ParamError, match="no run named 'nope'"):
+        run_configs(params, "nope")
+
+
+def test_corpus_unlearning_keeps_the_other_authors_passages(micro_world_dir, micro_model_dir, micro_tokenizer,
+                                                            tmp_path):
+    from pipeline.attribution_run import AttributionConfig, run_attribution
+    from pipeline.tofu import read_json_records
+
+    biographies = micro_world_dir / "biographies.json"
+    data = DataConfig(source=str(micro_world_dir), max_length=256)
+    cfg = UnlearnConfig.from_params({"method": "npo", "weighting": "hard", "retain_corpus": str(biographies)}, "u")
+    retain = load_retain(cfg, data, micro_tokenizer, "forget10")
+    passages = read_json_records(biographies)
+    kept = [p["text"] for p in passages if "forget10" not in p["forget_splits"]]
+    assert [s.text for s in retain] == kept and len(kept) == len(passages) - 1
+    assert all(s.labels[0] == -100 and s.labels[1:] == s.input_ids[1:] for s in retain)
+
+    attribution = AttributionConfig(**{**ATTRIBUTION, "model": str(micro_model_dir), "mode": "corpus",
+                                       "corpus": str(biographies)})
+    run_attribution(attribution, data, tmp_path / "shards", None)
+    out = tmp_path / "npo"
+    run_unlearn("npo", cfg, TrainConfig.from_params(TRAIN, "t"), data, str(micro_model_dir), tmp_path / "shards",
+                out, tmp_path / "ckpt", tmp_path / "npo.csv", False)
+    before, after = load_weights(micro_model_dir), load_weights(out / "model")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    weights = pq.read_table(out / "token_weights.parquet").to_pylist()
+    assert len(weights) == 1  # the forget10 author's passage

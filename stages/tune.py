@@ -1,0 +1,62 @@
+"""Stage `tune`: the learning rate of every run of one group (a base method and its token-level variants), on the
+same grid, epochs and tuning seed for each (params: tune, unlearn, evaluate, data)."""
+
+import json
+import logging
+from pathlib import Path
+
+import click
+
+from pipeline.atomic import atomic_file
+from pipeline.errors import DataError, ParamError
+from pipeline.evaluation import eval_config
+from pipeline.finetune import DataConfig
+from pipeline.params import load_params, section
+from pipeline.tuning import TuneConfig, choice_table, plot_tradeoff, tune_group
+from pipeline.unlearn import run_configs, run_unlearn
+
+from .options import params_option
+
+log = logging.getLogger(__name__)
+
+
+@click.command("tune")
+@click.argument("group")
+@params_option
+@click.option("--shards", default="artifacts/attribution", show_default=True, type=click.Path(file_okay=False),
+              help="The attribution shards of the forget set.")
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Output directory [artifacts/tuning/GROUP]: choice.json, choice.md, tradeoff.png, "
+                   "trials/RUN/lr*.json.")
+@click.option("--target-results", default="artifacts/metrics/eval/target.json", show_default=True,
+              type=click.Path(dir_okay=False), help="The target model's evaluation summary (its model utility).")
+@click.option("--retain-results", default="artifacts/eval/retain", show_default=True,
+              type=click.Path(file_okay=False), help="The retain model's evaluation, for forget quality.")
+def command(group, params_file, shards, out, target_results, retain_results) -> None:
+    """Tune the learning rate of each run of tune.groups.GROUP; write the choice (then copy it into
+    unlearn.runs.RUN.train.lr)."""
+    params = load_params(params_file)
+    cfg = TuneConfig.from_params(section(params, "tune"))
+    if group not in cfg.groups:
+        raise ParamError(f"tune.groups: no group named '{group}' (have {sorted(cfg.groups)})")
+    runs = {name: run_configs(params, name) for name in cfg.groups[group]}
+    data = DataConfig.from_params(section(params, "data"))
+    model_path = str(section(params, "unlearn.model"))
+    try:
+        target_utility = json.loads(Path(target_results).read_text())["model_utility"]
+    except (OSError, ValueError, KeyError) as e:
+        raise DataError(f"{target_results}: the target's evaluation with its model_utility is needed "
+                        f"(DVC stage evaluate_target): {e}") from None
+
+    def unlearn_one(name, ucfg, train, work: Path) -> None:
+        run_unlearn(name, ucfg, train, data, model_path, Path(shards), work, work / "checkpoints",
+                    work / "losses.csv", resume=False)
+
+    out_dir = Path(out or f"artifacts/tuning/{group}")
+    result = tune_group(group, runs, cfg, unlearn_one, eval_config(params), target_utility, Path(retain_results),
+                        out_dir)
+    table = choice_table(result)
+    with atomic_file(out_dir / "choice.md") as f:
+        f.write(table)
+    plot_tradeoff(result, out_dir / "tradeoff.png")
+    log.info("tune %s:\n%s", group, table)

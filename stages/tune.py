@@ -15,7 +15,7 @@ from pipeline.params import load_params, section
 from pipeline.tuning import TuneConfig, choice_table, plot_tradeoff, tune_group
 from pipeline.unlearn import run_configs, run_unlearn
 
-from .options import params_option
+from .options import overlay_option, params_option
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 @click.command("tune")
 @click.argument("group")
 @params_option
+@overlay_option
 @click.option("--shards", default="artifacts/attribution", show_default=True, type=click.Path(file_okay=False),
               help="The attribution shards of the forget set.")
 @click.option("--out", type=click.Path(file_okay=False),
@@ -32,10 +33,10 @@ log = logging.getLogger(__name__)
               type=click.Path(dir_okay=False), help="The target model's evaluation summary (its model utility).")
 @click.option("--retain-results", default="artifacts/eval/retain", show_default=True,
               type=click.Path(file_okay=False), help="The retain model's evaluation, for forget quality.")
-def command(group, params_file, shards, out, target_results, retain_results) -> None:
+def command(group, params_file, overlay, shards, out, target_results, retain_results) -> None:
     """Tune the learning rate of each run of tune.groups.GROUP; write the choice (then copy it into
     unlearn.runs.RUN.train.lr)."""
-    params = load_params(params_file)
+    params = load_params(params_file, overlay)
     cfg = TuneConfig.from_params(section(params, "tune"))
     if group not in cfg.groups:
         raise ParamError(f"tune.groups: no group named '{group}' (have {sorted(cfg.groups)})")

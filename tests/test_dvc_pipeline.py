@@ -55,7 +55,7 @@ def test_dvc_repro_micro_world(tmp_path):
 
     for name in ("base", "target", "retain"):
         AutoModelForCausalLM.from_pretrained(proj / "artifacts/models" / name, use_safetensors=True)
-    assert "up to date" in _dvc(["status"], proj)
+    assert "up to date" in _dvc(["status", "dvc.yaml"], proj)
 
     # A rerun of a stage gives the same model, byte for byte (dvc.lock records the same hash).
     lock_before = yaml.safe_load((proj / "dvc.lock").read_text())["stages"]["finetune@target"]["outs"]
@@ -79,7 +79,7 @@ def test_dvc_repro_micro_world(tmp_path):
     # A new τ reruns unlearning only, never attribution (r and τ are not params of `attribute`).
     params["unlearn"]["defaults"]["tau"] = 1.0
     (proj / "params.yaml").write_text(yaml.safe_dump(params))
-    status = _dvc(["status"], proj)
+    status = _dvc(["status", "dvc.yaml"], proj)
     assert "unlearn@s_wga" in status and "attribute" not in status and "finetune" not in status
     ran = _dvc(["repro"], proj)
     for stage in ("unlearn@s_wga", "evaluate@s_wga", "report"):
@@ -106,5 +106,5 @@ def test_dvc_repro_micro_world(tmp_path):
     # Changing only a finetune param reruns that model and what follows, never the world or tokenizer.
     params["finetune"]["models"]["retain"]["train"] = {"epochs": 1}
     (proj / "params.yaml").write_text(yaml.safe_dump(params))
-    status = _dvc(["status"], proj)
+    status = _dvc(["status", "dvc.yaml"], proj)
     assert "finetune@retain" in status and "world:" not in status and "tokenizer:" not in status

@@ -108,8 +108,8 @@ def tune_group(group: str, runs: dict, cfg: TuneConfig, unlearn_one, eval_cfg: E
             log.info("tune %s lr %.2e: %s", name, lr, trial)
         chosen = choose(trials, utility_min)
         at_floor = forget_es_at_utility(trials, utility_min)
-        result["runs"][name] = {"chosen": chosen, "forget_es_at_floor": None if at_floor is None else round(at_floor, 6),
-                                "trials": trials}
+        result["runs"][name] = {"chosen": chosen, "trials": trials,
+                                "forget_es_at_floor": None if at_floor is None else round(at_floor, 6)}
         log.info("tune %s: lr %.2e (forget ES %.3f, MU %.3f%s)", name, chosen["lr"], chosen["forget_es"],
                  chosen["model_utility"], "" if chosen["meets_floor"] else ", below the utility floor")
     write_json(out_dir / "choice.json", result)

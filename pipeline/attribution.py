@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .errors import DataError
-from .templates import IGNORE_INDEX, EncodedSample, PromptTemplate, encode_qa
+from .templates import IGNORE_INDEX, EncodedSample, PromptTemplate, encode_qa, encode_text
 from .weights import attribution_score
 
 log = logging.getLogger(__name__)
@@ -72,18 +72,13 @@ def qa_input(sample_id: int, sample: EncodedSample, noun_spans_in_question: list
     return AttributionInput(sample_id, sample.text, sample.input_ids, sample.offsets, scored, masked, mask_id, fact)
 
 
-def encode_passage(tokenizer, text: str) -> tuple[list[int], list[Span]]:
-    enc = tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
-    return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
-
-
 def corpus_input(sample_id: int, tokenizer, text: str, noun_spans: list[Span], mask_id: int,
                  fact_spans: list[Span] | None = None) -> AttributionInput:
-    ids, offsets = encode_passage(tokenizer, text)
-    masked = overlapping(offsets, noun_spans)
-    scored = [i > 0 for i in range(len(ids))]
-    fact = overlapping(offsets, fact_spans) if fact_spans is not None else None
-    return AttributionInput(sample_id, text, ids, offsets, scored, masked, mask_id, fact)
+    sample = encode_text(tokenizer, text)  # every token after BOS is scored: the labelled ones
+    masked = overlapping(sample.offsets, noun_spans)
+    scored = [label != IGNORE_INDEX for label in sample.labels]
+    fact = overlapping(sample.offsets, fact_spans) if fact_spans is not None else None
+    return AttributionInput(sample_id, text, sample.input_ids, sample.offsets, scored, masked, mask_id, fact)
 
 
 def build_qa_inputs(rows: list[dict], tokenizer, template: PromptTemplate, tagger, mask_id: int, max_length: int,

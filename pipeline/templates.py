@@ -8,7 +8,7 @@ encoded sample carries the offset mapping of its tokens into `text`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from .errors import DataError, ParamError
 
@@ -107,10 +107,29 @@ def encode_qa(tokenizer, template: PromptTemplate, question: str, answer: str) -
 
 
 def encode_text(tokenizer, text: str) -> EncodedSample:
-    """A passage as a training sample: BOS (if the tokenizer has one) and its tokens, every token after the first
-    labelled, as corpus-mode attribution scores it (no prompt, no EOS)."""
+    """A passage as a sample: BOS (if the tokenizer has one) and its tokens, every token after the first labelled
+    (the tokens corpus-mode attribution scores, and the retain corpus trains on; no prompt, no EOS)."""
     ids, offsets = _encode(tokenizer, text, add_special_tokens=True)
     return EncodedSample(text, ids, [IGNORE_INDEX] + ids[1:], offsets, (0, 0), (0, len(text)), 0)
+
+
+def _within_length(samples: Iterable[EncodedSample], max_length: int, where: str, what: str, skip_too_long: bool,
+                   on_skip: Callable[[int], None] | None) -> list[EncodedSample]:
+    """The samples (numbered from 1 as `what`) that fit `max_length`; a longer one is an error naming it, or
+    skipped if asked."""
+    out = []
+    for i, sample in enumerate(samples, start=1):
+        if len(sample) > max_length:
+            if skip_too_long:
+                if on_skip:
+                    on_skip(i)
+                continue
+            raise DataError(
+                f"{where}: {what} {i}: {len(sample)} tokens exceed data.max_length={max_length} "
+                "(raise max_length, or set data.skip_too_long: true to skip and count such rows)"
+            )
+        out.append(sample)
+    return out
 
 
 def encode_rows(
@@ -123,17 +142,11 @@ def encode_rows(
     on_skip: Callable[[int], None] | None = None,
 ) -> list[EncodedSample]:
     """Encode question-answer rows; a row longer than `max_length` is an error naming it, or skipped if asked."""
-    out = []
-    for i, row in enumerate(rows, start=1):
-        sample = encode_qa(tokenizer, template, row["question"], row["answer"])
-        if len(sample) > max_length:
-            if skip_too_long:
-                if on_skip:
-                    on_skip(i)
-                continue
-            raise DataError(
-                f"{where}: row {i}: {len(sample)} tokens exceed data.max_length={max_length} "
-                "(raise max_length, or set data.skip_too_long: true to skip and count such rows)"
-            )
-        out.append(sample)
-    return out
+    samples = (encode_qa(tokenizer, template, row["question"], row["answer"]) for row in rows)
+    return _within_length(samples, max_length, where, "row", skip_too_long, on_skip)
+
+
+def encode_texts(tokenizer, texts: Iterable[str], max_length: int, where: str, what: str = "passage",
+                 skip_too_long: bool = False) -> list[EncodedSample]:
+    """Encode passages (`encode_text`); one longer than `max_length` is an error naming it, or skipped if asked."""
+    return _within_length((encode_text(tokenizer, t) for t in texts), max_length, where, what, skip_too_long, None)

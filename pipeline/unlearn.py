@@ -26,7 +26,7 @@ from .modeling import check_vocab, load_model, load_tokenizer, write_model
 from .objectives import (activation_matching_loss, forward_kl_loss, ga_token_loss, nll_loss, npo_sequence_loss,
                          npo_token_loss, rmu_token_loss, token_logp, weighted_sample_mean, wga_token_loss)
 from .params import dataclass_from_params, section
-from .templates import EncodedSample, encode_rows, encode_text, get_template
+from .templates import EncodedSample, encode_rows, encode_texts, get_template
 from .tofu import load_passages, load_split
 from .weights import WEIGHTING
 
@@ -79,18 +79,18 @@ class UnlearnConfig:
         return RETAIN_LOSSES[name] if name != "none" and self.retain_weight > 0 else None
 
 
-def run_configs(params: dict, name: str, section_name: str = "unlearn") -> tuple[UnlearnConfig, TrainConfig]:
-    """Run NAME of `<section>.runs`: its method config over `<section>.defaults`, and its training config, which
-    is `<section>.train` with the run's own `train:` overrides (a tuned learning rate, say)."""
-    runs = section(params, f"{section_name}.runs")
+def run_configs(params: dict, name: str) -> tuple[UnlearnConfig, TrainConfig]:
+    """Run NAME of `unlearn.runs`: its method config over `unlearn.defaults`, and its training config, which is
+    `unlearn.train` with the run's own `train:` overrides (a tuned learning rate, say)."""
+    runs = section(params, "unlearn.runs")
     if name not in runs:
-        raise ParamError(f"{section_name}.runs: no run named '{name}' (have {sorted(runs)})")
-    spec, where = dict(runs[name]), f"{section_name}.runs.{name}"
+        raise ParamError(f"unlearn.runs: no run named '{name}' (have {sorted(runs)})")
+    spec, where = dict(runs[name]), f"unlearn.runs.{name}"
     overrides = spec.pop("train", {})
     if not isinstance(overrides, dict):
         raise ParamError(f"{where}.train: expected a mapping such as {{lr: 1.0e-4}}")
-    cfg = UnlearnConfig.from_params({**section(params, f"{section_name}.defaults"), **spec}, where)
-    train = TrainConfig.from_params({**section(params, f"{section_name}.train"), **overrides}, f"{where}.train")
+    cfg = UnlearnConfig.from_params({**section(params, "unlearn.defaults"), **spec}, where)
+    train = TrainConfig.from_params({**section(params, "unlearn.train"), **overrides}, f"{where}.train")
     return cfg, train
 
 
@@ -247,15 +247,9 @@ def load_retain(cfg: UnlearnConfig, data: DataConfig, tokenizer, forget_split: s
         rows = load_split(data.source, cfg.retain_split)
         return encode_rows(tokenizer, get_template(data.template), rows, data.max_length,
                            f"{data.source}/{cfg.retain_split}", data.skip_too_long)
-    samples = []
-    for i, rec in enumerate(load_passages(cfg.retain_corpus, forget_split, forget=False), start=1):
-        sample = encode_text(tokenizer, rec["text"])
-        if len(sample) > data.max_length:
-            if data.skip_too_long:
-                continue
-            raise DataError(f"{cfg.retain_corpus}: retain passage {i}: {len(sample)} tokens exceed "
-                            f"data.max_length={data.max_length}")
-        samples.append(sample)
+    passages = load_passages(cfg.retain_corpus, forget_split, forget=False)
+    samples = encode_texts(tokenizer, (p["text"] for p in passages), data.max_length, cfg.retain_corpus,
+                           "retain passage", data.skip_too_long)
     if not samples:
         raise DataError(f"{cfg.retain_corpus}: every retain passage is longer than data.max_length")
     return samples

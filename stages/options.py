@@ -11,3 +11,8 @@ overlay_option = click.option(
     "--overlay", default=None, metavar="SECTION",
     help="Apply the params' overlay SECTION first (e.g. corpus: the WMDP-style run's changes to the sections).",
 )
+
+shards_option = click.option(
+    "--shards", default="artifacts/attribution", show_default=True, type=click.Path(file_okay=False),
+    help="The attribution shards of the forget set (stage one's output).",
+)

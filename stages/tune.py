@@ -15,7 +15,7 @@ from pipeline.params import load_params, section
 from pipeline.tuning import TuneConfig, choice_table, plot_tradeoff, tune_group
 from pipeline.unlearn import run_configs, run_unlearn
 
-from .options import overlay_option, params_option
+from .options import overlay_option, params_option, shards_option
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +24,7 @@ log = logging.getLogger(__name__)
 @click.argument("group")
 @params_option
 @overlay_option
-@click.option("--shards", default="artifacts/attribution", show_default=True, type=click.Path(file_okay=False),
-              help="The attribution shards of the forget set.")
+@shards_option
 @click.option("--out", type=click.Path(file_okay=False),
               help="Output directory [artifacts/tuning/GROUP]: choice.json, choice.md, tradeoff.png, "
                    "trials/RUN/lr*.json.")

@@ -16,7 +16,7 @@ from pipeline.finetune import DataConfig
 from pipeline.params import load_params, section
 from pipeline.unlearn import run_configs, run_unlearn
 
-from .options import overlay_option, params_option
+from .options import overlay_option, params_option, shards_option
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +25,7 @@ log = logging.getLogger(__name__)
 @click.argument("name")
 @params_option
 @overlay_option
-@click.option("--shards", default="artifacts/attribution", show_default=True, type=click.Path(file_okay=False),
-              help="The attribution shards of the forget set (stage one's output).")
+@shards_option
 @click.option("--out", type=click.Path(file_okay=False),
               help="Output directory [artifacts/unlearn/NAME]: seed{S}/model/ and seed{S}/token_weights.parquet.")
 @click.option("--checkpoints", type=click.Path(file_okay=False), help="[artifacts/checkpoints/unlearn-NAME]")

@@ -1,7 +1,7 @@
 import pytest
 
 from pipeline.errors import DataError, ParamError
-from pipeline.templates import IGNORE_INDEX, TEMPLATES, encode_qa, encode_rows, get_template
+from pipeline.templates import IGNORE_INDEX, TEMPLATES, encode_qa, encode_rows, encode_texts, get_template
 
 from .conftest import TOFU_DIR, requires_tofu
 
@@ -73,6 +73,15 @@ def test_too_long_rows_are_errors_or_skipped_and_counted(micro_tokenizer):
     out = encode_rows(micro_tokenizer, TEMPLATES["plain"], rows, 40, "x.json", skip_too_long=True,
                       on_skip=skipped.append)
     assert len(out) == 1 and skipped == [2]
+
+
+def test_passages_label_every_token_after_bos_and_too_long_ones_are_named(micro_tokenizer):
+    texts = ["A short passage.", "A much longer passage about a writer " * 10]
+    short = encode_texts(micro_tokenizer, texts[:1], 64, "corpus.json")[0]
+    assert short.labels[0] == IGNORE_INDEX and short.labels[1:] == short.input_ids[1:]
+    with pytest.raises(DataError, match=r"corpus.json: retain passage 2: \d+ tokens exceed data.max_length=64"):
+        encode_texts(micro_tokenizer, texts, 64, "corpus.json", "retain passage")
+    assert [s.text for s in encode_texts(micro_tokenizer, texts, 64, "corpus.json", skip_too_long=True)] == texts[:1]
 
 
 @requires_tofu

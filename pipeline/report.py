@@ -84,7 +84,8 @@ def results_table(rows: list[Row]) -> tuple[str, str]:
 
 def comparison_table(rows: list[Row]) -> str:
     """Token-level minus sequence-level per method and column (Markdown); `*` marks a difference larger than
-    the two standard deviations added, the spread over seeds."""
+    the two standard deviations added, the spread over seeds. With one seed there is no spread to compare with,
+    so nothing is marked."""
     keys = COLUMNS + [(k, k[3:] + " acc") for k in mc_keys(rows)]
     by_method = {(r.method, r.weighting): r for r in rows if r.method}
     lines = ["| variant − sequence level | " + " | ".join(t for _, t in keys) + " |", "|" + "---|" * (len(keys) + 1)]
@@ -93,13 +94,14 @@ def comparison_table(rows: list[Row]) -> str:
         if weighting == "uniform" or base is None:
             continue
         cells = []
+        has_spread = min(len(row.summary.get("seeds", ())), len(base.summary.get("seeds", ()))) >= 2
         for key, _ in keys:
             a, b = row.summary.get(key), base.summary.get(key)
             if a is None or b is None:
                 cells.append("–")
                 continue
             spread = (row.summary.get(f"{key}_std") or 0) + (base.summary.get(f"{key}_std") or 0)
-            cells.append(f"{a - b:+.3f}{' *' if abs(a - b) > spread else ''}")
+            cells.append(f"{a - b:+.3f}{' *' if has_spread and abs(a - b) > spread else ''}")
         lines.append(f"| {row.label} − {base.label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -217,7 +219,8 @@ def write_report(rows: list[Row], out_dir: Path, plots_dir: Path, ablations: lis
     markdown, table_csv = results_table(rows)
     with atomic_file(out_dir / "results.md") as f:
         f.write(markdown)
-        f.write("\nToken level against sequence level (`*`: larger than the two standard deviations added):\n\n")
+        f.write("\nToken level against sequence level (`*`: larger than the two standard deviations added; "
+                "never with one seed):\n\n")
         f.write(comparison_table(rows))
         for ablation in ablations:
             table, _ = results_table([Row(r.name, f"{r.label}, {ablation.axis} = {x}", r.method, r.weighting,

@@ -144,10 +144,13 @@ def test_seeds_are_summarised_as_mean_and_sample_std():
 def test_comparison_marks_differences_beyond_the_spread(tmp_path):
     from pipeline.report import Row, comparison_table
 
-    def row(name, weighting, fes, sd):
-        return Row(name, name.upper(), "ga", weighting, {"forget_es": fes, "forget_es_std": sd})
+    def row(name, weighting, fes, sd, seeds=(0, 1, 2)):
+        return Row(name, name.upper(), "ga", weighting, {"forget_es": fes, "forget_es_std": sd, "seeds": list(seeds)})
 
     table = comparison_table([row("ga", "uniform", 0.30, 0.02), row("t_ga", "hard", 0.40, 0.05),
                               row("s_ga", "soft", 0.35, 0.05)]).splitlines()
     assert table[2].startswith("| T_GA − GA | –") and "| +0.100 * |" in table[2]  # 0.10 > 0.02 + 0.05
     assert "| +0.050 |" in table[3]                                                # 0.05 < 0.07: within spread
+    # One seed: a std of 0 is no spread, so no difference is marked.
+    single = comparison_table([row("ga", "uniform", 0.30, 0.0, [0]), row("t_ga", "hard", 0.40, 0.0, [0])])
+    assert "| +0.100 |" in single.splitlines()[2]

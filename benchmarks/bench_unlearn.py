@@ -101,13 +101,26 @@ def bench_steps(args, work: Path) -> dict:
         torch.manual_seed(0)
         return LlamaForCausalLM(config)
 
-    reference = frozen(factory())
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    reference = frozen(factory()).to(device)
+    if TrainConfig().use_bf16():
+        reference = reference.to(torch.bfloat16)  # as a run's reference (pipeline.unlearn.prepare_reference)
     shards = write_synthetic_shards(work / "steps", 4 * args.batch, 64, args.seq, args.vocab)
     base = UnlearnConfig(method="ga")
     weighted = {name: replace(base, weighting=w) for name, w in (("ga", "uniform"), ("t_ga", "hard"), ("s_ga", "soft"))}
     t = interleaved_step_times(factory, {
         name: (make_loss_fn(cfg, reference), batches(shards, cfg, 4, args.batch, args.seq, args.vocab))
         for name, cfg in weighted.items()}, args.steps)
+    result = {"model_parameters_M": round(sum(q.numel() for q in reference.parameters()) / 1e6, 1),
+              "batch": f"{args.batch} forget + {args.batch} retain x {args.seq} tokens",
+              "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+              "t_ga_over_ga": round(t["t_ga"] / t["ga"], 3), "s_ga_over_ga": round(t["s_ga"] / t["ga"], 3)}
+    result.update(model_flops_utilisation(reference, args, t["ga"]))
+    if args.profile:
+        print("\n".join(profile_steps(factory, make_loss_fn(weighted["ga"], reference),
+                                     batches(shards, weighted["ga"], 4, args.batch, args.seq, args.vocab))), flush=True)
+    if args.no_npo:
+        return {**result, "median_step_s": {k: round(v, 4) for k, v in t.items()}}
     # With the KL retain term a step is about 7 forward-pass units (forget and retain forward and backward, the
     # reference on retain); the reference forward on the forget batch adds one, so 7/8 bounds the ratio. The
     # objective alone (no retain term) is 3 units against 4.
@@ -119,13 +132,52 @@ def bench_steps(args, work: Path) -> dict:
         "t_npo_ref_forward": (npo_with_reference_forward(npo, reference), npo_data),
         "t_npo_cached_ref_no_retain": (make_loss_fn(npo_alone, reference), npo_data),
         "t_npo_ref_forward_no_retain": (npo_with_reference_forward(npo_alone, reference), npo_data)}, args.steps))
-    return {"model_parameters_M": round(sum(q.numel() for q in reference.parameters()) / 1e6, 1),
-            "batch": f"{args.batch} forget + {args.batch} retain x {args.seq} tokens",
-            "median_step_s": {k: round(v, 4) for k, v in t.items()},
-            "t_ga_over_ga": round(t["t_ga"] / t["ga"], 3), "s_ga_over_ga": round(t["s_ga"] / t["ga"], 3),
+    return {**result, "median_step_s": {k: round(v, 4) for k, v in t.items()},
             "npo_cached_over_ref_forward": round(t["t_npo_cached_ref"] / t["t_npo_ref_forward"], 3),
             "npo_cached_over_ref_forward_no_retain_term": round(
                 t["t_npo_cached_ref_no_retain"] / t["t_npo_ref_forward_no_retain"], 3)}
+
+
+# Dense bf16 peak of the GPUs we have numbers for (vendor datasheets, no sparsity), in TFLOP/s.
+PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
+
+
+def model_flops_utilisation(model, args, step_s: float) -> dict:
+    """MFU of the GA step with the KL retain term: forward and backward on the forget and on the retain batch, and
+    the reference's forward on the retain batch, 2 FLOPs per parameter and token forward, 4 backward (the input
+    embedding is a lookup, not counted; attention's two products add 4·layers·seq·hidden per token forward)."""
+    if not torch.cuda.is_available():
+        return {}
+    name = torch.cuda.get_device_name()
+    peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+    cfg = model.config
+    n = sum(q.numel() for q in model.parameters()) - model.get_input_embeddings().weight.numel() * (
+        not cfg.tie_word_embeddings)
+    tokens = args.batch * args.seq
+    per_token = 2 * n + 2 * 2 * cfg.num_hidden_layers * args.seq * cfg.hidden_size  # forward, with attention
+    flops = tokens * per_token * (3 + 3 + 1)  # forget fwd+bwd, retain fwd+bwd, reference fwd
+    achieved = flops / step_s / 1e12
+    return {"ga_step_tflops": round(achieved, 1), "peak_bf16_tflops": peak,
+            "mfu": round(achieved / peak, 3) if peak else None}
+
+
+def profile_steps(model_factory, loss_fn, data: list[dict], steps: int = 3) -> list[str]:
+    """The operators that take the most device (or CPU) time over a few GA steps, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = Engine(model_factory(), TrainConfig(lr=1e-5, micro_batch_size=8), steps + 2)
+    for step in range(2):
+        engine.train_step([data[step % len(data)]], loss_fn)
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for step in range(steps):
+            engine.train_step([data[step % len(data)]], loss_fn)
+        if cuda:
+            torch.cuda.synchronize()
+    engine.close()
+    table = prof.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=15)
+    return table.splitlines()
 
 
 def read_epoch(shards: Path, micro_batch: int, window_shards: int) -> tuple[int, float]:
@@ -157,7 +209,8 @@ def bench_reader(args, work: Path) -> dict:
         return LlamaForCausalLM(config)
 
     cfg = UnlearnConfig(method="ga", weighting="hard")
-    step_s = interleaved_step_times(factory, {"t_ga": (make_loss_fn(cfg, frozen(factory())),
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    step_s = interleaved_step_times(factory, {"t_ga": (make_loss_fn(cfg, frozen(factory()).to(device)),
                                                        batches(shards, cfg, 4, batch, length, vocab))}, args.steps)
     n, seconds = read_epoch(shards, batch, window_shards=4)
     per_batch = seconds / n
@@ -211,6 +264,10 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=96)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--no-npo", action="store_true", help="steps: only GA, T-GA and S-GA (a model too large for 7 "
+                   "engines at once)")
+    p.add_argument("--profile", action="store_true", help="steps: also the top operators of a GA step")
+    p.add_argument("--peak-tflops", type=float, help="the GPU's dense bf16 peak, for MFU [known GPUs: datasheet]")
     args = p.parse_args()
     init_distributed()
     with tempfile.TemporaryDirectory() as work:

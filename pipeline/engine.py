@@ -215,7 +215,7 @@ class Engine:
             for k, v in {"loss": loss.item(), **metrics}.items():
                 totals[k] = totals.get(k, 0.0) + v / len(micro_batches)
         keys = sorted(totals)
-        t = torch.tensor([totals[k] for k in keys], dtype=torch.float64)
+        t = torch.tensor([totals[k] for k in keys], dtype=torch.float64, device=self.device)  # NCCL: GPU tensors only
         dist.all_reduce(t)
         out = {k: v / self.world_size for k, v in zip(keys, t.tolist())}
         out["lr"] = self.engine.get_lr()[0]

@@ -226,8 +226,11 @@ def make_loss_fn(cfg: UnlearnConfig, reference) -> Callable:
 
 
 def prepare_reference(model_path: str, ds_config: dict, device, trust_remote_code: bool):
-    """The frozen θ_o for the KL term. Under ZeRO-3 it is held once, partitioned, in an inference engine."""
-    ref = load_model(model_path, trust_remote_code=trust_remote_code).eval()
+    """The frozen θ_o for the KL term, in the engine's precision (an fp32 reference beside a bf16 model would make
+    its forward pass the slowest part of a GPU step). Under ZeRO-3 it is held once, partitioned, in an inference
+    engine."""
+    dtype = torch.bfloat16 if ds_config["bf16"]["enabled"] else None
+    ref = load_model(model_path, dtype=dtype, trust_remote_code=trust_remote_code).eval()
     for p in ref.parameters():
         p.requires_grad_(False)
     if ds_config["zero_optimization"]["stage"] == 3:

@@ -10,8 +10,8 @@ that dvc.lock records them as `dvc repro` would have.
     python experiments/run_parallel.py experiments/tofu/dvc.yaml 'unlearn@*' --write-plan plan.json
     python experiments/run_parallel.py --plan plan.json --jobs 8 --gpus 0,1,2,3   # elsewhere, no DVC needed
 
-Run it from the repository root, as DVC. Each job gets OMP_NUM_THREADS = cores / jobs and, with --gpus, one of
-the GPUs in turn (CUDA_VISIBLE_DEVICES). Its output goes to LOG_DIR/STAGE.log. A failed stage stops its
+Run it from the repository root, as DVC. Each job gets OMP_NUM_THREADS = cores / jobs and, with --gpus, the GPU
+running the fewest jobs (CUDA_VISIBLE_DEVICES). Its output goes to LOG_DIR/STAGE.log. A failed stage stops its
 dependents, not the others; the exit code is then 1.
 """
 
@@ -69,8 +69,8 @@ def run_plan(plan: list[dict], jobs: int, gpus: list[str], log_dir: Path, root: 
     dependents = {n: sum(n in e["after"] for e in plan) for n in chosen}  # start the most awaited first
     done: list[str] = []
     failed: list[str] = []
-    running = {}
-    slot = 0
+    running = {}  # future -> (stage name, its GPU)
+    on_gpu = {g: 0 for g in gpus}  # running jobs per GPU: each new job goes to the least loaded
 
     def launch(entry: dict, gpu: str | None) -> int:
         env = {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
@@ -93,14 +93,18 @@ def run_plan(plan: list[dict], jobs: int, gpus: list[str], log_dir: Path, root: 
                            key=lambda e: (not any(fnmatch.fnmatchcase(e["name"], f) for f in first),
                                           -dependents[e["name"]]))
             for entry in ready[: jobs - len(running)]:
-                gpu = gpus[slot % len(gpus)] if gpus else None
-                slot += 1
-                running[pool.submit(launch, entry, gpu)] = pending.pop(entry["name"])["name"]
+                gpu = min(gpus, key=on_gpu.get) if gpus else None
+                if gpu is not None:
+                    on_gpu[gpu] += 1
+                running[pool.submit(launch, entry, gpu)] = (pending.pop(entry["name"])["name"], gpu)
             if not running:
                 break
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
-                (done if future.result() == 0 else failed).append(running.pop(future))
+                name, gpu = running.pop(future)
+                if gpu is not None:
+                    on_gpu[gpu] -= 1
+                (done if future.result() == 0 else failed).append(name)
     return done, failed
 
 
@@ -111,7 +115,8 @@ def main() -> None:
     p.add_argument("--plan", type=Path, help="run this plan file instead of asking DVC")
     p.add_argument("--write-plan", type=Path, help="only write the plan, for a machine without DVC")
     p.add_argument("--jobs", type=int, default=2, help="stages at a time [2]")
-    p.add_argument("--gpus", default="", help="GPU ids to hand out in turn, e.g. 0,1,2,3 [none: all visible]")
+    p.add_argument("--gpus", default="", help="GPU ids to hand out, each job to the least loaded, e.g. 0,1,2,3 "
+                   "[none: every job sees all]")
     p.add_argument("--first", action="append", default=[], help="start stages matching this pattern as soon as "
                    "they can start (long ones, e.g. 'tune@*')")
     p.add_argument("--log-dir", type=Path, default=Path("artifacts/logs/parallel"), help="[artifacts/logs/parallel]")

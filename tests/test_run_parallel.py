@@ -33,6 +33,15 @@ def test_a_stage_waits_for_its_upstream_and_a_failure_stops_only_its_dependents(
     assert time.perf_counter() - start < 30
 
 
+def test_each_job_gets_the_least_loaded_gpu(tmp_path):
+    plan = [_entry("long", "echo $CUDA_VISIBLE_DEVICES > long.txt && sleep 1"),
+            _entry("short1", "echo $CUDA_VISIBLE_DEVICES > short1.txt"),
+            _entry("short2", "sleep 0.3 && echo $CUDA_VISIBLE_DEVICES > short2.txt", after=["short1"])]
+    run_parallel.run_plan(plan, jobs=2, gpus=["0", "1"], log_dir=tmp_path / "logs", root=tmp_path, first=["long"])
+    gpu = {n: (tmp_path / f"{n}.txt").read_text().strip() for n in ("long", "short1", "short2")}
+    assert gpu["long"] != gpu["short1"] and gpu["short2"] == gpu["short1"]  # not back on the busy GPU
+
+
 def test_stages_matching_first_start_before_the_others(tmp_path):
     plan = [_entry(name, f"echo {name} >> order.txt") for name in ("a", "b", "long")]
     run_parallel.run_plan(plan, jobs=1, gpus=[], log_dir=tmp_path / "logs", root=tmp_path, first=["lo*"])

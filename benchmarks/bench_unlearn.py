@@ -86,10 +86,13 @@ def npo_with_reference_forward(cfg: UnlearnConfig, reference):
     return loss_fn
 
 
-def frozen(model):
+def frozen_reference(model):
+    """A run's frozen reference: no gradients, on the engine's device and in its precision
+    (as pipeline.unlearn.prepare_reference)."""
     for q in model.parameters():
         q.requires_grad_(False)
-    return model.eval()
+    model = model.eval().to("cuda" if torch.cuda.is_available() else "cpu")
+    return model.to(torch.bfloat16) if TrainConfig().use_bf16() else model
 
 
 def bench_steps(args, work: Path) -> dict:
@@ -101,10 +104,7 @@ def bench_steps(args, work: Path) -> dict:
         torch.manual_seed(0)
         return LlamaForCausalLM(config)
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    reference = frozen(factory()).to(device)
-    if TrainConfig().use_bf16():
-        reference = reference.to(torch.bfloat16)  # as a run's reference (pipeline.unlearn.prepare_reference)
+    reference = frozen_reference(factory())
     shards = write_synthetic_shards(work / "steps", 4 * args.batch, 64, args.seq, args.vocab)
     base = UnlearnConfig(method="ga")
     weighted = {name: replace(base, weighting=w) for name, w in (("ga", "uniform"), ("t_ga", "hard"), ("s_ga", "soft"))}
@@ -113,7 +113,7 @@ def bench_steps(args, work: Path) -> dict:
         for name, cfg in weighted.items()}, args.steps)
     result = {"model_parameters_M": round(sum(q.numel() for q in reference.parameters()) / 1e6, 1),
               "batch": f"{args.batch} forget + {args.batch} retain x {args.seq} tokens",
-              "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "t_ga_over_ga": round(t["t_ga"] / t["ga"], 3), "s_ga_over_ga": round(t["s_ga"] / t["ga"], 3)}
     result.update(model_flops_utilisation(reference, args, t["ga"]))
     if args.profile:
@@ -209,8 +209,7 @@ def bench_reader(args, work: Path) -> dict:
         return LlamaForCausalLM(config)
 
     cfg = UnlearnConfig(method="ga", weighting="hard")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    step_s = interleaved_step_times(factory, {"t_ga": (make_loss_fn(cfg, frozen(factory()).to(device)),
+    step_s = interleaved_step_times(factory, {"t_ga": (make_loss_fn(cfg, frozen_reference(factory())),
                                                        batches(shards, cfg, 4, batch, length, vocab))}, args.steps)
     n, seconds = read_epoch(shards, batch, window_shards=4)
     per_batch = seconds / n

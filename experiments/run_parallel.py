@@ -88,7 +88,8 @@ def run_plan(plan: list[dict], jobs: int, gpus: list[str], log_dir: Path, root: 
         while pending or running:
             for name in [n for n, e in pending.items() if any(a in failed for a in e["after"])]:
                 log.error("%s: not run, a stage it needs failed", name)
-                failed.append(pending.pop(name)["name"])
+                del pending[name]
+                failed.append(name)
             ready = sorted((e for e in pending.values() if all(a in done for a in e["after"] if a in chosen)),
                            key=lambda e: (not any(fnmatch.fnmatchcase(e["name"], f) for f in first),
                                           -dependents[e["name"]]))
@@ -96,7 +97,8 @@ def run_plan(plan: list[dict], jobs: int, gpus: list[str], log_dir: Path, root: 
                 gpu = min(gpus, key=on_gpu.get) if gpus else None
                 if gpu is not None:
                     on_gpu[gpu] += 1
-                running[pool.submit(launch, entry, gpu)] = (pending.pop(entry["name"])["name"], gpu)
+                del pending[entry["name"]]
+                running[pool.submit(launch, entry, gpu)] = (entry["name"], gpu)
             if not running:
                 break
             finished, _ = wait(running, return_when=FIRST_COMPLETED)

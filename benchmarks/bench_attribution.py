@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _models import random_llama_config  # noqa: E402  (beside this script)
-from pipeline.attribution import AttributionInput, score_batch  # noqa: E402
+from pipeline.attribution.signals import AttributionInput, score_batch  # noqa: E402
 
 
 def synthetic_inputs(n: int, length: int, vocab: int, seed: int = 0) -> list[AttributionInput]:
@@ -105,13 +105,13 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base)
 
 
 def bench_spacy(tofu_dir: Path) -> dict:
-    from pipeline.tagging import SpacyTagger
-    from pipeline.tofu import load_split
+    from pipeline.attribution.tagging import SpacyTagger
+    from pipeline.data.tofu import load_split
 
     if (tofu_dir / "full.json").is_file():
         questions, source = [r["question"] for r in load_split(tofu_dir, "full")], "real TOFU full.json"
     else:
-        from pipeline.world import WorldConfig, WorldSpec, generate_world
+        from pipeline.data.world import WorldConfig, WorldSpec, generate_world
 
         world = generate_world(WorldSpec.load(REPO / "data/world"), WorldConfig(n_authors=200, questions_per_author=20))
         questions, source = [r["question"] for r in world.splits["full"]], "generated world, 200 x 20"
@@ -128,8 +128,8 @@ def bench_streaming_memory(n_authors: int) -> dict:
     """Peak RSS of `tokenunlearn attribute` (one child process each) on N and 4N forget samples."""
     import yaml
 
-    from pipeline.modeling import build_model, load_tokenizer, save_model, train_tokenizer
-    from pipeline.world import WorldConfig, WorldSpec, generate_world, world_texts, write_world
+    from pipeline.common.modeling import build_model, load_tokenizer, save_model, train_tokenizer
+    from pipeline.data.world import WorldConfig, WorldSpec, generate_world, world_texts, write_world
 
     peaks = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -33,11 +33,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _models import random_llama_config  # noqa: E402  (beside this script)
-from pipeline.batching import StepSchedule  # noqa: E402
-from pipeline.engine import Engine, TrainConfig, init_distributed  # noqa: E402
-from pipeline.forget_stream import ForgetStream, forget_batch  # noqa: E402
-from pipeline.objectives import token_logp  # noqa: E402
-from pipeline.unlearn import UnlearnConfig, make_loss_fn  # noqa: E402
+from pipeline.data.batching import StepSchedule  # noqa: E402
+from pipeline.common.distributed import init_distributed  # noqa: E402
+from pipeline.training.engine import Engine, TrainConfig  # noqa: E402
+from pipeline.training.forget_stream import ForgetStream, forget_batch  # noqa: E402
+from pipeline.training.losses import token_logp  # noqa: E402
+from pipeline.training.unlearn import UnlearnConfig, make_loss_fn  # noqa: E402
 from tests.synthetic import write_synthetic_shards  # noqa: E402
 
 
@@ -88,7 +89,7 @@ def npo_with_reference_forward(cfg: UnlearnConfig, reference):
 
 def frozen_reference(model):
     """A run's frozen reference: no gradients, on the engine's device and in its precision
-    (as pipeline.unlearn.prepare_reference)."""
+    (as pipeline.training.unlearn.prepare_reference)."""
     for q in model.parameters():
         q.requires_grad_(False)
     model = model.eval().to("cuda" if torch.cuda.is_available() else "cpu")
@@ -223,8 +224,8 @@ CHILD = """
 import json, resource, sys
 from pathlib import Path
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/benchmarks"]
-from pipeline.batching import StepSchedule
-from pipeline.forget_stream import ForgetStream, Weighting, forget_batch
+from pipeline.data.batching import StepSchedule
+from pipeline.training.forget_stream import ForgetStream, Weighting, forget_batch
 def rss_mib():
     return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize() / 2**20
 stream = ForgetStream(Path(sys.argv[2]), Weighting("soft"), window_shards=4)

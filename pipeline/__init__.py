@@ -1,6 +1,10 @@
 """TokenUnlearn: token-level attribution for precise LLM unlearning.
 
-The library: data generation and loading, prompt templates, models, the DeepSpeed training engine.
+The library, one subpackage per stage of the pipeline; data flows one way:
+
+    data ──► attribution (stage one) ──► training (stage two) ──► evaluation (stage three)
+    common: errors, params, atomic writes and output locks, models and tokenizers, the process group
+
 `stages/` holds the thin command-line entry points that DVC calls.
 """
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import click
 
-from pipeline.attribution_run import AttributionConfig, run_attribution
-from pipeline.finetune import DataConfig
-from pipeline.params import load_params, section
-from pipeline.tagging import trankit_cache_dir
+from pipeline.attribution.run import AttributionConfig, run_attribution
+from pipeline.data.config import DataConfig
+from pipeline.common.params import load_params, section
+from pipeline.attribution.tagging import trankit_cache_dir
 
 from .options import overlay_option, params_option
 
@@ -41,7 +41,7 @@ def command(params_file: str, overlay, out: str, metrics: str, local_rank) -> No
               help="Trankit's cache [~/.cache/tokenunlearn/trankit].")
 def download_command(cache_dir) -> None:
     """Fetch Trankit's English model (XLM-R base and english.zip) ahead of time; needs network access."""
-    from pipeline.tagging import TrankitTagger
+    from pipeline.attribution.tagging import TrankitTagger
 
     cache = trankit_cache_dir(cache_dir)
     TrankitTagger(cache_dir=cache, allow_download=True)

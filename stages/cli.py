@@ -8,8 +8,8 @@ import sys
 
 import click
 
-from pipeline.engine import shutdown_distributed
-from pipeline.errors import TokenUnlearnError
+from pipeline.common.distributed import shutdown_distributed
+from pipeline.common.errors import TokenUnlearnError
 
 from . import attribute, check_models, evaluate, finetune, inspect, report, tokenizer, tune, unlearn, world
 

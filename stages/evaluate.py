@@ -5,8 +5,8 @@ from pathlib import Path
 
 import click
 
-from pipeline.evaluation import eval_config, evaluate_path
-from pipeline.params import load_params
+from pipeline.evaluation.evaluate import eval_config, evaluate_path
+from pipeline.common.params import load_params
 
 from .options import overlay_option, params_option
 

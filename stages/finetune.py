@@ -10,39 +10,12 @@ from pathlib import Path
 
 import click
 
-from pipeline.engine import TrainConfig
-from pipeline.errors import ParamError
-from pipeline.finetune import DataConfig, FinetuneJob, run_finetune
-from pipeline.params import load_params, section
+from pipeline.common.params import load_params
+from pipeline.training.finetune import job_from_params, run_finetune
 
 from .options import overlay_option, params_option
 
 log = logging.getLogger(__name__)
-
-JOB_KEYS = {"init", "splits", "tokenizer", "train", "trust_remote_code"}
-
-
-def job_from_params(params: dict, name: str) -> FinetuneJob:
-    models = section(params, "finetune.models")
-    if name not in models:
-        raise ParamError(f"finetune.models: no model named '{name}' (have {sorted(models)})")
-    spec = models[name]
-    unknown = set(spec) - JOB_KEYS
-    if unknown:
-        raise ParamError(f"finetune.models.{name}: unknown parameter(s) {sorted(unknown)}")
-    if not spec.get("splits"):
-        raise ParamError(f"finetune.models.{name}.splits: at least one split is needed")
-    train = {**section(params, "finetune.train"), **spec.get("train", {})}
-    return FinetuneJob(
-        name=name,
-        init=str(spec.get("init", "scratch")),
-        splits=list(spec["splits"]),
-        train=TrainConfig.from_params(train, f"finetune.models.{name}.train"),
-        data=DataConfig.from_params(section(params, "data")),
-        tokenizer=spec.get("tokenizer"),
-        model_config=dict(params.get("model", {}).get("config", {})),
-        trust_remote_code=bool(spec.get("trust_remote_code", False)),
-    )
 
 
 @click.command("finetune")

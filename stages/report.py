@@ -5,9 +5,9 @@ from pathlib import Path
 
 import click
 
-from pipeline.errors import ParamError
-from pipeline.params import load_params, section
-from pipeline.report import load_ablations, load_rows, write_report
+from pipeline.common.errors import ParamError
+from pipeline.common.params import load_params, section
+from pipeline.evaluation.report import load_ablations, load_rows, write_report
 
 from .options import overlay_option, params_option
 

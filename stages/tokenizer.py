@@ -1,23 +1,16 @@
 """Stage `tokenizer`: train the embedded model's byte-level BPE tokenizer on the world's text."""
 
 import logging
-from dataclasses import dataclass
 
 import click
 
-from pipeline.modeling import train_tokenizer
-from pipeline.params import dataclass_from_params, load_params, section
-from pipeline.world import world_texts
+from pipeline.common.modeling import TokenizerConfig, train_tokenizer
+from pipeline.common.params import dataclass_from_params, load_params, section
+from pipeline.data.world import world_texts
 
 from .options import overlay_option, params_option
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TokenizerConfig:
-    vocab_size: int
-    min_frequency: int = 2
 
 
 @click.command("train-tokenizer")

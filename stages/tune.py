@@ -7,13 +7,13 @@ from pathlib import Path
 
 import click
 
-from pipeline.atomic import atomic_file
-from pipeline.errors import DataError, ParamError
-from pipeline.evaluation import eval_config
-from pipeline.finetune import DataConfig
-from pipeline.params import load_params, section
-from pipeline.tuning import TuneConfig, choice_table, plot_tradeoff, tune_group
-from pipeline.unlearn import run_configs, run_unlearn
+from pipeline.common.atomic import atomic_file
+from pipeline.common.errors import DataError, ParamError
+from pipeline.evaluation.evaluate import eval_config, evaluate_model
+from pipeline.data.config import DataConfig
+from pipeline.common.params import load_params, section
+from pipeline.training.tuning import TuneConfig, choice_table, plot_tradeoff, tune_group
+from pipeline.training.unlearn import run_configs, run_unlearn
 
 from .options import overlay_option, params_option, shards_option
 
@@ -52,9 +52,13 @@ def command(group, params_file, overlay, shards, out, target_results, retain_res
         run_unlearn(name, ucfg, train, data, model_path, Path(shards), work, work / "checkpoints",
                     work / "losses.csv", resume=False)
 
+    eval_cfg = eval_config(params)
+
+    def evaluate_one(model_dir: Path, eval_dir: Path) -> dict:
+        return evaluate_model(str(model_dir), eval_cfg, eval_dir, Path(retain_results))
+
     out_dir = Path(out or f"artifacts/tuning/{group}")
-    result = tune_group(group, runs, cfg, unlearn_one, eval_config(params), target_utility, Path(retain_results),
-                        out_dir)
+    result = tune_group(group, runs, cfg, unlearn_one, evaluate_one, target_utility, out_dir)
     table = choice_table(result)
     with atomic_file(out_dir / "choice.md") as f:
         f.write(table)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import click
 
-from pipeline.errors import ParamError
-from pipeline.finetune import DataConfig
-from pipeline.params import load_params, section
-from pipeline.unlearn import run_configs, run_unlearn
+from pipeline.common.errors import ParamError
+from pipeline.data.config import DataConfig
+from pipeline.common.params import load_params, section
+from pipeline.training.unlearn import run_configs, run_unlearn
 
 from .options import overlay_option, params_option, shards_option
 

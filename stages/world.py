@@ -5,8 +5,8 @@ from pathlib import Path
 
 import click
 
-from pipeline.params import dataclass_from_params, load_params, section
-from pipeline.world import WorldConfig, WorldSpec, generate_world, write_world
+from pipeline.common.params import dataclass_from_params, load_params, section
+from pipeline.data.world import WorldConfig, WorldSpec, generate_world, write_world
 
 from .options import params_option
 

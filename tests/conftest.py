@@ -23,21 +23,21 @@ requires_tofu = pytest.mark.skipif(not TOFU_DIR.is_dir(), reason=f"real TOFU fil
 
 @pytest.fixture(scope="session")
 def world_spec():
-    from pipeline.world import WorldSpec
+    from pipeline.data.world import WorldSpec
 
     return WorldSpec.load(REPO / "data" / "world")
 
 
 @pytest.fixture(scope="session")
 def micro_world(world_spec):
-    from pipeline.world import WorldConfig, generate_world
+    from pipeline.data.world import WorldConfig, generate_world
 
     return generate_world(world_spec, WorldConfig(**MICRO_WORLD))
 
 
 @pytest.fixture(scope="session")
 def micro_world_dir(micro_world, tmp_path_factory) -> Path:
-    from pipeline.world import write_world
+    from pipeline.data.world import write_world
 
     out = tmp_path_factory.mktemp("micro") / "world"
     write_world(micro_world, out)
@@ -46,8 +46,8 @@ def micro_world_dir(micro_world, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def micro_tokenizer_dir(micro_world_dir) -> Path:
-    from pipeline.modeling import train_tokenizer
-    from pipeline.world import world_texts
+    from pipeline.common.modeling import train_tokenizer
+    from pipeline.data.world import world_texts
 
     out = micro_world_dir.parent / "tokenizer"
     train_tokenizer(world_texts(micro_world_dir), 400, out)
@@ -56,7 +56,7 @@ def micro_tokenizer_dir(micro_world_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def micro_tokenizer(micro_tokenizer_dir):
-    from pipeline.modeling import load_tokenizer
+    from pipeline.common.modeling import load_tokenizer
 
     return load_tokenizer(micro_tokenizer_dir)
 
@@ -115,7 +115,7 @@ def load_weights(model_dir: Path) -> dict:
 @pytest.fixture(scope="session")
 def micro_model_dir(micro_tokenizer, micro_tokenizer_dir) -> Path:
     """An untrained tiny Llama with the micro tokenizer, saved like a stage's output."""
-    from pipeline.modeling import build_model, save_model
+    from pipeline.common.modeling import build_model, save_model
 
     out = micro_tokenizer_dir.parent / "model"
     save_model(build_model(TINY_MODEL, micro_tokenizer, seed=0), micro_tokenizer, out)
@@ -128,8 +128,8 @@ ATTRIBUTION = {"split": "forget10", "tagger": "spacy", "batch_size": 2, "rows_pe
 @pytest.fixture(scope="session")
 def attribution_dir(micro_world_dir, micro_model_dir, tmp_path_factory):
     """Stage one's output for the micro world and the untrained tiny model: (directory, summary)."""
-    from pipeline.attribution_run import AttributionConfig, run_attribution
-    from pipeline.finetune import DataConfig
+    from pipeline.attribution.run import AttributionConfig, run_attribution
+    from pipeline.data.config import DataConfig
 
     out = tmp_path_factory.mktemp("attr")
     cfg = AttributionConfig(**{**ATTRIBUTION, "model": str(micro_model_dir)})

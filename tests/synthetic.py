@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.shards import ShardWriter, write_manifest
+from pipeline.attribution.shards import ShardWriter, write_manifest
 
 
 def write_synthetic_shards(out_dir: Path, n_samples: int, rows_per_shard: int, length: int = 48,

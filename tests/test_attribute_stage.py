@@ -5,10 +5,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipeline.attribution_run import AttributionConfig, mask_token_id, run_attribution
-from pipeline.errors import DataError, ParamError
-from pipeline.finetune import DataConfig
-from pipeline.shards import MANIFEST, read_manifest, read_table
+from pipeline.attribution.run import AttributionConfig, mask_token_id, run_attribution
+from pipeline.common.errors import DataError, ParamError
+from pipeline.data.config import DataConfig
+from pipeline.attribution.shards import MANIFEST, read_manifest, read_table
 
 from .conftest import ATTRIBUTION, run_two_processes
 
@@ -116,7 +116,7 @@ def test_bad_inputs_are_clear_errors(micro_world_dir, micro_model_dir, micro_tok
 
 
 def test_vocabulary_mismatch_is_refused(micro_world_dir, micro_tokenizer, tmp_path):
-    from pipeline.modeling import build_model, save_model
+    from pipeline.common.modeling import build_model, save_model
 
     from .conftest import TINY_MODEL
 
@@ -144,7 +144,7 @@ def test_two_processes_equal_one(attribution_dir, micro_world_dir, micro_model_d
 def test_inspect_prints_weights_and_writes_a_heatmap(attribution_dir, tmp_path):
     from click.testing import CliRunner
 
-    from pipeline.inspect_view import token_table
+    from pipeline.attribution.inspect import token_table
     from stages.cli import cli
 
     shards = str(attribution_dir[0] / "shards")

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.attribution import (AttributionInput, add_phi, corpus_input, overlapping, qa_input, score_batch,
-                                  topr_counts)
-from pipeline.modeling import load_model
-from pipeline.templates import TEMPLATES, encode_qa
+from pipeline.attribution.quality import topr_counts
+from pipeline.attribution.signals import AttributionInput, add_phi, corpus_input, overlapping, qa_input, score_batch
+from pipeline.common.modeling import load_model
+from pipeline.data.templates import TEMPLATES, encode_qa
 
 Q, A = "Where was Ana Bell born?", "Ana Bell was born in Varo, Eldmark."
 

@@ -5,11 +5,11 @@ import pytest
 import torch
 import yaml
 
-from pipeline.batching import StepSchedule, pad_batch
-from pipeline.engine import TrainConfig, deepspeed_config, lr_schedule
-from pipeline.errors import ParamError
-from pipeline.finetune import run_finetune
-from pipeline.templates import IGNORE_INDEX, TEMPLATES, encode_qa
+from pipeline.data.batching import StepSchedule, pad_batch
+from pipeline.training.engine import TrainConfig, deepspeed_config, lr_schedule
+from pipeline.common.errors import ParamError
+from pipeline.training.finetune import run_finetune
+from pipeline.data.templates import IGNORE_INDEX, TEMPLATES, encode_qa
 from stages.finetune import job_from_params
 
 from .conftest import load_weights, micro_params, read_curve, run_two_processes
@@ -81,7 +81,7 @@ def test_zero0_and_zero2_train_the_same_in_one_process(micro_world_dir, micro_to
 
 def test_a_killed_run_resumed_ends_with_the_same_weights(micro_world_dir, micro_tokenizer_dir, tmp_path,
                                                           monkeypatch):
-    import pipeline.engine as engine_mod
+    import pipeline.training.engine as engine_mod
 
     params = micro_params(micro_world_dir, micro_tokenizer_dir, zero_stage=2, checkpoint_every=3, epochs=2)
     full_curve, full_weights = _finetune(params, tmp_path, "uninterrupted")
@@ -126,8 +126,8 @@ def test_two_processes_zero3_match_one_process(micro_world_dir, micro_tokenizer_
 
 def test_a_non_finite_loss_stops_the_run_and_writes_no_model(micro_world_dir, micro_tokenizer_dir, tmp_path,
                                                               monkeypatch):
-    import pipeline.finetune as finetune_mod
-    from pipeline.engine import TrainingDiverged
+    import pipeline.training.finetune as finetune_mod
+    from pipeline.training.engine import TrainingDiverged
 
     real_loss = finetune_mod.causal_lm_loss
     monkeypatch.setattr(finetune_mod, "causal_lm_loss",

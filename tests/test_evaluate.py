@@ -6,9 +6,9 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.errors import DataError, ParamError
-from pipeline.evaluation import EvalConfig, evaluate_model, evaluate_path
-from pipeline.report import load_rows, results_table, write_report
+from pipeline.common.errors import DataError, ParamError
+from pipeline.evaluation.evaluate import EvalConfig, evaluate_model, evaluate_path
+from pipeline.evaluation.report import load_rows, results_table, write_report
 
 
 def _cfg(world_dir, **kw):
@@ -26,7 +26,7 @@ def retain_eval(micro_model_dir, micro_world_dir, tmp_path_factory):
 
 def test_an_evaluation_keeps_items_and_the_papers_columns(retain_eval, micro_world_dir):
     out, summary = retain_eval
-    from pipeline.tofu import load_split
+    from pipeline.data.tofu import load_split
 
     for name, split in (("forget", "forget10_perturbed"), ("retain", "retain_perturbed"),
                         ("real_authors", "real_authors_perturbed"), ("world_facts", "world_facts_perturbed")):
@@ -61,7 +61,7 @@ def test_cloze_multiple_choice(micro_model_dir, micro_world_dir, tmp_path):
 
 def test_forget_quality_reads_the_retain_models_items(retain_eval, micro_model_dir, micro_tokenizer, micro_world_dir,
                                                       tmp_path):
-    from pipeline.modeling import build_model, save_model
+    from pipeline.common.modeling import build_model, save_model
 
     from .conftest import TINY_MODEL
 
@@ -132,7 +132,7 @@ def test_report_table_and_plots(tmp_path):
 
 
 def test_seeds_are_summarised_as_mean_and_sample_std():
-    from pipeline.evaluation import aggregate_seeds
+    from pipeline.evaluation.evaluate import aggregate_seeds
 
     out = aggregate_seeds({0: {"forget_es": 0.2, "source": "w", "forget": {"n": 3}},
                            1: {"forget_es": 0.4, "source": "w", "forget": {"n": 3}},
@@ -142,7 +142,7 @@ def test_seeds_are_summarised_as_mean_and_sample_std():
 
 
 def test_comparison_marks_differences_beyond_the_spread(tmp_path):
-    from pipeline.report import Row, comparison_table
+    from pipeline.evaluation.report import Row, comparison_table
 
     def row(name, weighting, fes, sd, seeds=(0, 1, 2)):
         return Row(name, name.upper(), "ga", weighting, {"forget_es": fes, "forget_es_std": sd, "seeds": list(seeds)})

@@ -5,8 +5,8 @@ from collections import Counter
 import pytest
 import torch
 
-from pipeline.errors import DataError, ParamError
-from pipeline.multiple_choice import (
+from pipeline.common.errors import DataError, ParamError
+from pipeline.evaluation.multiple_choice import (
     MCItem,
     cloze_logprobs,
     continuation_logprobs,
@@ -21,8 +21,8 @@ from pipeline.multiple_choice import (
     world_mc_sets,
     write_wmdp_json,
 )
-from pipeline.templates import encode_qa, get_template
-from pipeline.tofu import load_split, read_json_records
+from pipeline.data.templates import encode_qa, get_template
+from pipeline.data.tofu import load_split, read_json_records
 
 ITEM = MCItem("What is 2 + 2? ", ["3", "4", "5", "22"], 1, "elementary mathematics")
 
@@ -130,7 +130,7 @@ def test_cloze_scores_per_character_by_hand(micro_tokenizer):
 
 @pytest.fixture(scope="module")
 def micro_model(micro_model_dir):
-    from pipeline.modeling import load_model, load_tokenizer
+    from pipeline.common.modeling import load_model, load_tokenizer
 
     return load_model(micro_model_dir), load_tokenizer(micro_model_dir)
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from pipeline.errors import ParamError
-from pipeline.params import apply_overlay, load_params
+from pipeline.common.errors import ParamError
+from pipeline.common.params import apply_overlay, load_params
 
 PARAMS = {
     "unlearn": {"train": {"epochs": 5, "lr": 2e-4}, "runs": {"ga": {"method": "ga"}}},

@@ -2,12 +2,12 @@
 
 import pytest
 
-from pipeline.attribution_run import AttributionConfig
-from pipeline.engine import TrainConfig
-from pipeline.evaluation import EvalConfig
-from pipeline.finetune import DataConfig
-from pipeline.params import load_params, section
-from pipeline.unlearn import UnlearnConfig
+from pipeline.attribution.run import AttributionConfig
+from pipeline.training.engine import TrainConfig
+from pipeline.evaluation.evaluate import EvalConfig
+from pipeline.data.config import DataConfig
+from pipeline.common.params import load_params, section
+from pipeline.training.unlearn import UnlearnConfig
 
 from .conftest import REPO
 
@@ -27,9 +27,9 @@ def test_preset_builds_every_stage_config(preset):
 @pytest.mark.parametrize("overlay", [None, "corpus", "tofu"])
 def test_params_and_its_overlays_build_every_stage_config(overlay):
     """params.yaml as `make demo` reads it, and with each overlay of the experiments' pipelines."""
-    from pipeline.evaluation import eval_config
-    from pipeline.tuning import TuneConfig
-    from pipeline.unlearn import run_configs
+    from pipeline.evaluation.evaluate import eval_config
+    from pipeline.training.tuning import TuneConfig
+    from pipeline.training.unlearn import run_configs
     from stages.finetune import job_from_params
 
     params = load_params(REPO / "params.yaml", overlay)

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from pipeline.errors import ParamError
-from pipeline.tagging import CachedTagger, SpacyTagger, TrankitTagger, make_tagger, tag_cache_file
+from pipeline.common.errors import ParamError
+from pipeline.attribution.tagging import CachedTagger, SpacyTagger, TrankitTagger, make_tagger, tag_cache_file
 
 from .conftest import TOFU_DIR, requires_tofu
 
@@ -30,7 +30,7 @@ def test_spacy_finds_the_nouns_of_a_question(spacy_tagger):
 
 @requires_tofu
 def test_spacy_on_real_tofu_questions(spacy_tagger):
-    from pipeline.tofu import load_split
+    from pipeline.data.tofu import load_split
 
     questions = [r["question"] for r in load_split(TOFU_DIR, "forget10")]
     spans = spacy_tagger.noun_spans(questions)

@@ -1,7 +1,7 @@
 import pytest
 
-from pipeline.errors import DataError, ParamError
-from pipeline.templates import IGNORE_INDEX, TEMPLATES, encode_qa, encode_rows, encode_texts, get_template
+from pipeline.common.errors import DataError, ParamError
+from pipeline.data.templates import IGNORE_INDEX, TEMPLATES, encode_qa, encode_rows, encode_texts, get_template
 
 from .conftest import TOFU_DIR, requires_tofu
 
@@ -33,7 +33,7 @@ def test_encoding_labels_answer_and_eos_only(micro_tokenizer, name):
 
 
 def test_prompt_ids_are_the_same_in_training_and_generation(micro_tokenizer):
-    from pipeline.templates import encode_prompt
+    from pipeline.data.templates import encode_prompt
 
     s = encode_qa(micro_tokenizer, TEMPLATES["plain"], Q, A)
     assert encode_prompt(micro_tokenizer, TEMPLATES["plain"], Q)[2] == s.input_ids[: s.prompt_length]
@@ -86,7 +86,7 @@ def test_passages_label_every_token_after_bos_and_too_long_ones_are_named(micro_
 
 @requires_tofu
 def test_real_tofu_questions_round_trip(micro_tokenizer):
-    from pipeline.tofu import load_split
+    from pipeline.data.tofu import load_split
 
     for row in load_split(TOFU_DIR, "forget10")[:50]:
         s = encode_qa(micro_tokenizer, TEMPLATES["phi"], row["question"], row["answer"])

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from pipeline.errors import DataError
-from pipeline.tofu import load_split
+from pipeline.common.errors import DataError
+from pipeline.data.tofu import load_split
 
 from .conftest import TOFU_DIR, requires_tofu
 

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.errors import DataError
-from pipeline.templates import IGNORE_INDEX, encode_qa, get_template
-from pipeline.tofu_metrics import (SET_METRICS, SET_SPECS, answer_statistics, evaluate_set, extraction_strength,
-                                   extraction_strength_batch, forget_quality, harmonic_mean, model_utility,
-                                   normalised_probability, probability, rouge_l_recall, truth_ratio,
-                                   truth_ratio_closer_to_one, truth_ratio_true_better)
+from pipeline.common.errors import DataError
+from pipeline.data.templates import IGNORE_INDEX, encode_qa, get_template
+from pipeline.evaluation.tofu_metrics import (SET_METRICS, SET_SPECS, answer_statistics, evaluate_set,
+                                              extraction_strength, extraction_strength_batch, forget_quality,
+                                              harmonic_mean, model_utility, normalised_probability, probability,
+                                              rouge_l_recall, truth_ratio, truth_ratio_closer_to_one,
+                                              truth_ratio_true_better)
 
 LN2 = math.log(2)
 
@@ -133,14 +134,14 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def model_and_tokenizer(micro_model_dir):
-    from pipeline.modeling import load_model, load_tokenizer
+    from pipeline.common.modeling import load_model, load_tokenizer
 
     return load_model(micro_model_dir).eval(), load_tokenizer(micro_model_dir)
 
 
 @pytest.fixture(scope="module")
 def splits(micro_world_dir):
-    from pipeline.tofu import load_split
+    from pipeline.data.tofu import load_split
 
     names = {"forget": "forget10_perturbed", "retain": "retain_perturbed", "real_authors": "real_authors_perturbed",
              "world_facts": "world_facts_perturbed"}
@@ -183,7 +184,7 @@ def test_memorised_answer_has_full_extraction_strength(model_and_tokenizer, spli
     reproduces it (ROUGE-L recall 1), while the other rows stay unmemorised."""
     import copy
 
-    from pipeline.batching import pad_batch
+    from pipeline.data.batching import pad_batch
 
     model, tokenizer = model_and_tokenizer
     rows = splits["forget"]
@@ -240,7 +241,7 @@ def test_evaluate_set_on_the_micro_world(model_and_tokenizer, splits, kind):
 def test_one_forward_pass_per_answer_variant(model_and_tokenizer, splits, monkeypatch):
     """With a batch large enough for all pairs, teacher forcing is one pass per variant: answers, paraphrases,
     and every (item, perturbed) pair flattened together."""
-    import pipeline.tofu_metrics as tm
+    import pipeline.evaluation.tofu_metrics as tm
 
     model, tokenizer = model_and_tokenizer
     monkeypatch.setattr(tm, "greedy_answers", lambda m, t, tpl, qs, **kw: ["" for _ in qs])

@@ -4,9 +4,8 @@ import json
 
 import pytest
 
-from pipeline.errors import ParamError
-from pipeline.evaluation import EvalConfig
-from pipeline.tuning import TuneConfig, choice_table, choose, forget_es_at_utility, plot_tradeoff, tune_group
+from pipeline.common.errors import ParamError
+from pipeline.training.tuning import TuneConfig, choice_table, choose, forget_es_at_utility, plot_tradeoff, tune_group
 
 TRIALS = [  # lr, forget ES, MU
     {"lr": 1e-4, "forget_es": 0.80, "model_utility": 0.88},
@@ -58,7 +57,7 @@ def test_a_rerun_reuses_finished_trials_and_writes_the_choice(tmp_path):
         raise AssertionError("a finished trial was run again")
 
     runs = {"ga": (None, None), "t_ga": (None, None)}
-    result = tune_group("ga", runs, cfg, never, EvalConfig(), 0.9, tmp_path / "retain", tmp_path)
+    result = tune_group("ga", runs, cfg, never, never, 0.9, tmp_path)
     assert result["utility_min"] == pytest.approx(0.855)
     assert {n: r["chosen"]["lr"] for n, r in result["runs"].items()} == {"ga": 4e-4, "t_ga": 4e-4}
     assert json.loads((tmp_path / "choice.json").read_text()) == json.loads(json.dumps(result))

@@ -7,11 +7,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipeline.engine import TrainConfig
-from pipeline.errors import DataError, ParamError
-from pipeline.finetune import DataConfig
-from pipeline.forget_stream import ForgetStream
-from pipeline.unlearn import METHODS, UnlearnConfig, load_retain, run_configs, run_unlearn
+from pipeline.training.engine import TrainConfig
+from pipeline.common.errors import DataError, ParamError
+from pipeline.data.config import DataConfig
+from pipeline.training.forget_stream import ForgetStream
+from pipeline.training.unlearn import METHODS, UnlearnConfig, load_retain, run_configs, run_unlearn
 
 from .conftest import ATTRIBUTION, load_weights
 
@@ -61,7 +61,7 @@ def test_every_method_trains_and_writes_model_weights_and_curve(attribution_dir,
 
 
 def test_shards_of_another_model_are_refused(attribution_dir, micro_tokenizer, micro_world_dir, tmp_path):
-    from pipeline.modeling import build_model, save_model
+    from pipeline.common.modeling import build_model, save_model
 
     from .conftest import TINY_MODEL
 
@@ -78,7 +78,7 @@ def test_unknown_method_is_an_error():
 
 def test_killed_and_resumed_unlearning_ends_with_the_same_weights(attribution_dir, micro_model_dir,
                                                                   micro_world_dir, tmp_path, monkeypatch):
-    import pipeline.engine as engine_mod
+    import pipeline.training.engine as engine_mod
 
     shards = attribution_dir[0] / "shards"
     monkeypatch.setitem(TRAIN, "checkpoint_every", 1)
@@ -158,8 +158,8 @@ def test_run_configs_merge_defaults_run_and_its_train_overrides():
 
 def test_corpus_unlearning_keeps_the_other_authors_passages(micro_world_dir, micro_model_dir, micro_tokenizer,
                                                             tmp_path):
-    from pipeline.attribution_run import AttributionConfig, run_attribution
-    from pipeline.tofu import read_json_records
+    from pipeline.attribution.run import AttributionConfig, run_attribution
+    from pipeline.data.tofu import read_json_records
 
     biographies = micro_world_dir / "biographies.json"
     data = DataConfig(source=str(micro_world_dir), max_length=256)

@@ -5,8 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.errors import ParamError
-from pipeline.weights import attribution_score, hard_weights, minmax, soft_weights, token_weights
+from pipeline.common.errors import ParamError
+from pipeline.attribution.signals import attribution_score, minmax
+from pipeline.attribution.weights import hard_weights, soft_weights, token_weights
 
 
 def test_minmax():

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from pipeline.errors import DataError, ParamError
-from pipeline.tofu import schema_for
-from pipeline.world import WorldConfig, generate_world, render, split_sizes, write_world
+from pipeline.common.errors import DataError, ParamError
+from pipeline.data.tofu import schema_for
+from pipeline.data.world import WorldConfig, generate_world, render, split_sizes, write_world
 
 from .conftest import MICRO_WORLD, TOFU_DIR, requires_tofu
 
@@ -118,7 +118,7 @@ def test_out_of_range_world_params_are_errors(world_spec, bad):
 
 
 def test_write_world_is_atomic(micro_world, tmp_path, monkeypatch):
-    import pipeline.world as world_mod
+    import pipeline.data.world as world_mod
 
     out = tmp_path / "world"
     write_world(micro_world, out)

@@ -95,7 +95,7 @@ _ALPHABET = ("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 
 def force_hf_offline() -> None:
     """Make huggingface_hub/transformers load from the local cache only (the library's own switch)."""
-    from pipeline.tagging import hub_offline
+    from pipeline.attribution.tagging import hub_offline
 
     hub_offline()
 
@@ -302,7 +302,7 @@ def build_fake_trankit_cache(cache_dir: Path, *, offline: bool = True) -> Path:
     """
     if offline:
         force_hf_offline()
-    from pipeline.trankit_compat import import_trankit
+    from pipeline.attribution.trankit_compat import import_trankit
 
     import_trankit()
     import torch

@@ -1,0 +1,186 @@
+"""Token attribution signals: mask the nouns of the prefix, run the original model on both inputs, and score
+each token.
+
+For every scored position i (i ≥ 1, counting from 0: the first token has no prefix):
+    logp_orig = log p(s_i | s_<i),  logp_mask = log p(s_i | masked s_<i),  delta = |logp_orig − logp_mask|,
+    entropy   = H of the original next-token distribution,  phi = α·minmax(Δ) + (1−α)·minmax(H) in the sample.
+
+QA mode (TOFU): the question's nouns are masked; the answer tokens and EOS (the tokens the losses train on) are
+scored. Corpus mode (passages with no question): the passage's nouns are masked and every token is scored.
+Masking replaces token ids and keeps every position, so the two sequences align token for token.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from pipeline.common.errors import DataError, ParamError
+from pipeline.data.templates import IGNORE_INDEX, EncodedSample, PromptTemplate, encode_qa, encode_text
+
+log = logging.getLogger(__name__)
+
+Span = tuple[int, int]
+
+
+@dataclass
+class AttributionInput:
+    """One sample ready for the two forward passes."""
+
+    sample_id: int
+    text: str
+    input_ids: list[int]
+    offsets: list[Span]
+    scored: list[bool]
+    masked: list[bool]
+    mask_id: int
+    fact: list[bool] | None = None
+
+    @property
+    def masked_ids(self) -> list[int]:
+        return [self.mask_id if m else t for t, m in zip(self.input_ids, self.masked)]
+
+    @property
+    def n_masked(self) -> int:
+        return sum(self.masked)
+
+
+def overlapping(offsets: list[Span], spans: list[Span], region: Span | None = None) -> list[bool]:
+    """Which tokens overlap any span (a token partly covered counts), optionally only inside `region`.
+
+    Tokens with an empty offset (special tokens such as BOS and EOS) never overlap."""
+    out = []
+    for start, end in offsets:
+        inside = region is None or (start < region[1] and end > region[0])
+        out.append(end > start and inside and any(start < e and end > s for s, e in spans))
+    return out
+
+
+def qa_input(sample_id: int, sample: EncodedSample, noun_spans_in_question: list[Span], mask_id: int,
+             fact_spans_in_answer: list[Span] | None = None) -> AttributionInput:
+    q0, a0 = sample.question_span[0], sample.answer_span[0]
+    nouns = [(s + q0, e + q0) for s, e in noun_spans_in_question]
+    masked = overlapping(sample.offsets, nouns, sample.question_span)
+    scored = [label != IGNORE_INDEX for label in sample.labels]
+    scored[0] = False
+    fact = None
+    if fact_spans_in_answer is not None:
+        fact = overlapping(sample.offsets, [(s + a0, e + a0) for s, e in fact_spans_in_answer], sample.answer_span)
+    return AttributionInput(sample_id, sample.text, sample.input_ids, sample.offsets, scored, masked, mask_id, fact)
+
+
+def corpus_input(sample_id: int, tokenizer, text: str, noun_spans: list[Span], mask_id: int,
+                 fact_spans: list[Span] | None = None) -> AttributionInput:
+    sample = encode_text(tokenizer, text)  # every token after BOS is scored: the labelled ones
+    masked = overlapping(sample.offsets, noun_spans)
+    scored = [label != IGNORE_INDEX for label in sample.labels]
+    fact = overlapping(sample.offsets, fact_spans) if fact_spans is not None else None
+    return AttributionInput(sample_id, text, sample.input_ids, sample.offsets, scored, masked, mask_id, fact)
+
+
+def build_qa_inputs(rows: list[dict], tokenizer, template: PromptTemplate, tagger, mask_id: int, max_length: int,
+                    where: str, facts: dict[str, list[Span]] | None = None,
+                    row_indices: list[int] | None = None) -> list[AttributionInput]:
+    """Tag the questions (in one batch), encode, and mask; `row_indices`: each row's index in the split."""
+    indices = row_indices if row_indices is not None else list(range(len(rows)))
+    spans = tagger.noun_spans([r["question"] for r in rows])
+    out = []
+    for i, row, nouns in zip(indices, rows, spans):
+        sample = encode_qa(tokenizer, template, row["question"], row["answer"])
+        if len(sample) > max_length:
+            raise DataError(f"{where}: row {i + 1}: {len(sample)} tokens exceed data.max_length={max_length}")
+        fact = facts.get(row["question"]) if facts is not None else None
+        out.append(qa_input(i, sample, nouns, mask_id, fact))
+    return out
+
+
+@dataclass
+class Signals:
+    """Per-token signals of one sample, full length; NaN where a position is not scored."""
+
+    logp_orig: np.ndarray
+    logp_mask: np.ndarray
+    delta: np.ndarray
+    entropy: np.ndarray
+    phi: np.ndarray = field(default=None)
+
+
+def _lm_head_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    logits = model.get_output_embeddings()(hidden).float()
+    cap = getattr(model.config, "final_logit_softcapping", None)  # Gemma 2
+    return cap * torch.tanh(logits / cap) if cap else logits
+
+
+@torch.no_grad()
+def score_batch(model, inputs: list[AttributionInput], pad_id: int, chunk_size: int = 1024) -> list[Signals]:
+    """Both passes in one batch, without gradients; log-probabilities and entropy only at scored positions,
+    `chunk_size` positions at a time, so memory stays bounded for large vocabularies."""
+    device = next(model.parameters()).device
+    n, width = len(inputs), max(len(x.input_ids) for x in inputs)
+    ids = torch.full((2 * n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((2 * n, width), dtype=torch.long)
+    scored = torch.zeros((n, width), dtype=torch.bool)
+    for b, x in enumerate(inputs):
+        length = len(x.input_ids)
+        ids[b, :length] = torch.tensor(x.input_ids)
+        ids[n + b, :length] = torch.tensor(x.masked_ids)
+        attention[b, :length] = attention[n + b, :length] = 1
+        scored[b, :length] = torch.tensor(x.scored)
+    ids, attention = ids.to(device), attention.to(device)
+    hidden = model.base_model(input_ids=ids, attention_mask=attention).last_hidden_state
+    rows, cols = scored.nonzero(as_tuple=True)
+    rows, cols = rows.to(device), cols.to(device)
+    targets = ids[rows, cols]
+    lp_o, lp_m, ent = [], [], []
+    for start in range(0, len(rows), chunk_size):
+        r, c, t = rows[start : start + chunk_size], cols[start : start + chunk_size], targets[start : start + chunk_size]
+        orig = torch.log_softmax(_lm_head_logits(model, hidden[r, c - 1]), dim=-1)
+        mask = torch.log_softmax(_lm_head_logits(model, hidden[r + n, c - 1]), dim=-1)
+        lp_o.append(orig.gather(-1, t[:, None])[:, 0])
+        lp_m.append(mask.gather(-1, t[:, None])[:, 0])
+        ent.append(-(orig.exp() * orig).sum(-1))
+    lp_o_all, lp_m_all, ent_all = (torch.cat(v).double().cpu().numpy() if v else np.zeros(0) for v in (lp_o, lp_m, ent))
+    out, pos = [], 0
+    rows_cpu = rows.cpu().numpy()
+    cols_cpu = cols.cpu().numpy()
+    for b, x in enumerate(inputs):
+        k = int((rows_cpu == b).sum())
+        where = cols_cpu[pos : pos + k]
+        full = lambda v: _scatter(len(x.input_ids), where, v[pos : pos + k])  # noqa: E731
+        lo, lm, h = full(lp_o_all), full(lp_m_all), full(ent_all)
+        out.append(Signals(lo, lm, np.abs(lo - lm), h))
+        pos += k
+    return out
+
+
+def _scatter(length: int, positions: np.ndarray, values: np.ndarray) -> np.ndarray:
+    out = np.full(length, np.nan)
+    out[positions] = values
+    return out
+
+
+def minmax(x: np.ndarray) -> np.ndarray:
+    """Scale to [0, 1] within the vector; a constant vector (or a single value) maps to 0."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        return x
+    lo, hi = x.min(), x.max()
+    return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
+
+
+def attribution_score(delta: np.ndarray, entropy: np.ndarray, alpha: float) -> np.ndarray:
+    """φ = α·minmax(Δ) + (1−α)·minmax(H)."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ParamError(f"alpha={alpha}: must be in [0, 1]")
+    return alpha * minmax(delta) + (1.0 - alpha) * minmax(entropy)
+
+
+def add_phi(signals: Signals, alpha: float) -> Signals:
+    scored = ~np.isnan(signals.delta)
+    phi = np.full(len(signals.delta), np.nan)
+    phi[scored] = attribution_score(signals.delta[scored], signals.entropy[scored], alpha)
+    signals.phi = phi
+    return signals

@@ -1,0 +1,68 @@
+"""The process group and DeepSpeed's environment, shared by every stage that may run on several processes.
+
+One plain `python` process works (the environment of a one-process group is filled in); so do `torchrun` and
+`deepspeed` launches (gloo on CPU, NCCL on GPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+import torch
+
+from pipeline.common.paths import cache_dir
+
+
+def _prepare_environment() -> None:
+    # DeepSpeed JIT-compiles a CPU communication op on first use (~30 s): keep it in one cache so it is built once.
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions"))
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+        os.environ.setdefault(key, value)  # a plain one-process run; launchers set these themselves
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+
+
+def deepspeed_module():
+    """`deepspeed`, imported with the environment it needs and its logger quietened."""
+    _prepare_environment()
+    import deepspeed
+    from deepspeed.utils import logger as ds_logger
+
+    ds_logger.setLevel(logging.WARNING)
+    return deepspeed
+
+
+def init_distributed() -> tuple[int, int]:
+    """Join (or start) the process group, gloo on CPU and NCCL on GPU; return (rank, world size). Idempotent."""
+    deepspeed = deepspeed_module()
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def shutdown_distributed() -> None:
+    """Tear the process group down; with ZeRO-3 on several processes a process can abort at exit otherwise.
+
+    Called once, when a command ends: DeepSpeed caches its groups, so a process does not start a second one."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def is_main_process() -> bool:
+    import torch.distributed as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0

@@ -1,0 +1,169 @@
+"""Tokenizers and models: building, loading, saving, and the hashes that identify them.
+
+The embedded default is a byte-level BPE tokenizer trained on the world's text and a small Llama built from a
+config. Every stage loads models only through `AutoModelForCausalLM.from_pretrained`, so a hub name such as
+`microsoft/phi-1_5` or a local Llama directory works the same way. Weights are read from safetensors only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from pipeline.common.atomic import atomic_dir
+from pipeline.common.errors import DataError, ParamError
+
+log = logging.getLogger(__name__)
+
+SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "mask_token": "<mask>"}
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """The `tokenizer` section: the embedded model's byte-level BPE."""
+
+    vocab_size: int
+    min_frequency: int = 2
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Path, min_frequency: int = 2) -> None:
+    """Train a byte-level BPE tokenizer and save it as a `transformers` fast tokenizer (atomically)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < 300:
+        raise ParamError(f"tokenizer.vocab_size={vocab_size}: must be at least 300 (256 bytes + special tokens)")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS.values()),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    bos = SPECIAL_TOKENS["bos_token"]
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=True),  # offsets start at the word, not at its leading space
+        processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tok.token_to_id(bos))]),
+    ])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=2048, **SPECIAL_TOKENS)
+    with atomic_dir(out_dir) as tmp:
+        fast.save_pretrained(tmp)
+
+
+def load_tokenizer(name_or_path: str | Path, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(name_or_path), use_fast=True, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise DataError(f"tokenizer '{name_or_path}': cannot be loaded ({_first_line(e)})") from None
+    if tok.pad_token_id is None:  # Llama and Phi ship without a pad token; padding is always masked out
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def build_model(config: dict, tokenizer, seed: int):
+    """A fresh LlamaForCausalLM sized by `config` (hidden size, layers, heads, ...) for this tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    try:
+        cfg = LlamaConfig(
+            vocab_size=len(tokenizer),
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            **config,
+        )
+    except (TypeError, ValueError) as e:
+        raise ParamError(f"model.config: {e}") from None
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(cfg)
+
+
+def load_model(name_or_path: str | Path, dtype: torch.dtype | None = None, trust_remote_code: bool = False):
+    """Load a causal LM from a directory or the hub, from safetensors only (never unpickle)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(name_or_path), torch_dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError, EnvironmentError) as e:
+        raise DataError(f"model '{name_or_path}': cannot be loaded ({_first_line(e)})") from None
+    return model
+
+
+def check_vocab(model, tokenizer, where: str) -> None:
+    weight = model.get_input_embeddings().weight
+    rows = getattr(weight, "ds_shape", weight.shape)[0]  # under ZeRO-3 the loaded weight is a partition
+    if len(tokenizer) > rows:
+        raise DataError(
+            f"{where}: the tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows "
+            "(model and tokenizer do not belong together)"
+        )
+
+
+def write_model(model, tokenizer, directory: str | Path, state_dict: dict | None = None) -> None:
+    """Write Hugging Face format (safetensors) with the tokenizer into `directory`."""
+    model.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+
+
+def save_model(model, tokenizer, out_dir: str | Path, state_dict: dict | None = None) -> None:
+    """`write_model`, atomically."""
+    with atomic_dir(out_dir) as tmp:
+        write_model(model, tokenizer, tmp, state_dict)
+
+
+def file_hash(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for path in sorted(paths):
+        h.update(path.name.encode())
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
+def model_hash(model, name_or_path: str) -> str:
+    """A hash of the model's config and weights: the files of a local directory or of the hub cache's snapshot,
+    else the tensors (a model built in memory)."""
+    local = Path(name_or_path)
+    if not local.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            local = Path(snapshot_download(str(name_or_path), local_files_only=True))
+        except Exception:  # not a hub name, or not in the cache
+            pass
+    if local.is_dir():
+        return file_hash([local / "config.json", *local.glob("*.safetensors")])
+    h = hashlib.sha256(model.config.to_json_string().encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def tokenizer_hash(tokenizer) -> str:
+    blob = tokenizer.backend_tokenizer.to_str() + json.dumps(tokenizer.special_tokens_map, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

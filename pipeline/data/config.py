@@ -1,0 +1,25 @@
+"""How question-answer data is read and tokenized: the `data` section of the params, used by every stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.common.errors import ParamError
+from pipeline.common.params import dataclass_from_params
+from pipeline.data.templates import get_template
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = "artifacts/world"  # a directory of <split>.json, or a hub dataset name (locuslab/TOFU)
+    template: str = "plain"
+    max_length: int = 128
+    skip_too_long: bool = False
+
+    @classmethod
+    def from_params(cls, params: dict) -> "DataConfig":
+        cfg = dataclass_from_params(cls, params, "data")
+        get_template(cfg.template)
+        if cfg.max_length < 8:
+            raise ParamError(f"data.max_length={cfg.max_length}: must be at least 8")
+        return cfg

@@ -1,0 +1,246 @@
+"""Stage three: evaluate one model on the TOFU sets and on multiple-choice sets, keeping per-item results.
+
+Output directory of one evaluation:
+    metrics.json          the summary (the paper's columns and every set's aggregates), a DVC metrics file
+    items/<set>.parquet   per TOFU item: question, answer, greedy answer, probability, truth ratio, ROUGE-L, ES
+    mc/<set>.parquet      per multiple-choice item: answer, prediction, the four choices' scores (the spec's
+                          `scoring`, in the table's metadata: letter log-probs, or cloze log-probs per character)
+
+An unlearning run's directory holds one model per training seed (`seed{S}/model`): each is evaluated into
+`seed{S}/`, and the summary holds every seed's and the mean and standard deviation (ddof 1) of each number.
+
+Forget quality compares this model's per-item forget truth ratios with the retain model's, read from the retain
+model's evaluation directory (`items/forget.parquet`), so the retain model is evaluated once and reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from pipeline.common.atomic import atomic_dir, write_json
+from pipeline.common.errors import DataError, ParamError
+from pipeline.common.modeling import check_vocab, load_model, load_tokenizer
+from pipeline.common.params import dataclass_from_params, section
+from pipeline.data.templates import get_template
+from pipeline.data.tofu import is_hub_name, load_split
+from pipeline.evaluation.multiple_choice import SCORINGS, MCItem, evaluate_mc, load_mmlu, load_wmdp, world_mc_sets
+from pipeline.evaluation.tofu_metrics import SetResult, evaluate_set, forget_quality, model_utility
+
+log = logging.getLogger(__name__)
+
+# The paper's TOFU sets: name -> the perturbed split that holds it ({forget} is the forget split's name).
+TOFU_SETS = {"forget": "{forget}_perturbed", "retain": "retain_perturbed",
+             "real_authors": "real_authors_perturbed", "world_facts": "world_facts_perturbed"}
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    source: str = "artifacts/world"    # TOFU splits: a directory (the embedded world, ../shared/data/tofu) or the hub
+    forget_split: str = "forget10"
+    template: str = "plain"
+    tofu_sets: list = field(default_factory=lambda: list(TOFU_SETS))
+    batch_size: int = 32
+    max_new_tokens: int = 200
+    multiple_choice: dict = field(default_factory=dict)  # name -> {format: world|wmdp|mmlu, source, scoring, ...}
+    mc_batch_size: int = 16
+    seed: int = 0                      # the world's MC sets: the order of the choices
+    trust_remote_code: bool = False
+
+    @classmethod
+    def from_params(cls, values: dict, where: str = "evaluate") -> "EvalConfig":
+        cfg = dataclass_from_params(cls, values, where)
+        unknown = [s for s in cfg.tofu_sets if s not in TOFU_SETS]
+        if unknown:
+            raise ParamError(f"{where}.tofu_sets: unknown {unknown} (choose from {list(TOFU_SETS)})")
+        for name, spec in cfg.multiple_choice.items():
+            if not isinstance(spec, dict) or spec.get("format") not in MC_FORMATS:
+                raise ParamError(f"{where}.multiple_choice.{name}: needs format: one of {sorted(MC_FORMATS)}")
+            if not spec.get("source"):
+                raise ParamError(f"{where}.multiple_choice.{name}: needs source (a file, directory or hub name)")
+            scoring = spec.get("scoring", "letter")
+            if not isinstance(scoring, str) or scoring not in SCORINGS:
+                raise ParamError(f"{where}.multiple_choice.{name}.scoring: {scoring!r} is unknown "
+                                 f"(choose from {sorted(SCORINGS)})")
+        if cfg.batch_size < 1 or cfg.mc_batch_size < 1 or cfg.max_new_tokens < 1:
+            raise ParamError(f"{where}: batch_size, mc_batch_size and max_new_tokens must be at least 1")
+        return cfg
+
+
+def eval_config(params: dict) -> EvalConfig:
+    """The `evaluate` section over `data`'s source and template: what every evaluation of the pipeline uses."""
+    data = params.get("data") or {}
+    values = {"source": data.get("source"), "template": data.get("template"), **section(params, "evaluate")}
+    return EvalConfig.from_params({k: v for k, v in values.items() if v is not None}, "evaluate")
+
+
+# ---- multiple-choice sets by format -----------------------------------------------------------------------
+
+def _world_sets(name: str, spec: dict, cfg: EvalConfig) -> dict[str, list[MCItem]]:
+    sets = world_mc_sets(spec["source"], spec.get("split", cfg.forget_split), cfg.seed)
+    return {f"{name}_{part}": items for part, items in sets.items()}
+
+
+MC_FORMATS: dict[str, Callable[[str, dict, EvalConfig], dict[str, list[MCItem]]]] = {
+    "world": _world_sets,  # the embedded world: forget authors' facts (WMDP's role), retained ones, world facts
+    "wmdp": lambda name, spec, cfg: {name: load_wmdp(spec["source"], spec.get("config"))},
+    "mmlu": lambda name, spec, cfg: {name: load_mmlu(spec["source"], spec.get("subjects"))},
+}
+
+
+# ---- one model ----------------------------------------------------------------------------------------------
+
+def _questions_hash(rows: list[dict]) -> str:
+    return hashlib.sha256(json.dumps([r["question"] for r in rows]).encode()).hexdigest()[:16]
+
+
+def _retain_items(retain_dir: Path) -> Path:
+    file = retain_dir / "items" / "forget.parquet"
+    if not file.is_file():
+        raise DataError(
+            f"forget quality needs the retain model's evaluation, and {file} does not exist: evaluate the retain "
+            f"model first (`tokenunlearn evaluate retain --model artifacts/models/retain --out {retain_dir}`, "
+            "DVC stage evaluate_retain)")
+    return file
+
+
+def retain_truth_ratios(retain_dir: Path, forget_hash: str) -> list[float]:
+    """The retain model's per-item forget truth ratios, from its evaluation; refused if it scored other items."""
+    file = _retain_items(retain_dir)
+    table = pq.read_table(file)
+    theirs = json.loads(table.schema.metadata[b"tokenunlearn"])["questions_hash"]
+    if theirs != forget_hash:
+        raise DataError(f"{file}: the retain model was evaluated on other forget questions (hash {theirs}, "
+                        f"here {forget_hash}); evaluate both on the same source and forget split")
+    return table.column("truth_ratio").to_pylist()
+
+
+def _item_table(rows: list[dict], result: SetResult, meta: dict) -> pa.Table:
+    records = [{"question": r["question"], "answer": r["answer"], **item} for r, item in zip(rows, result.items)]
+    return pa.Table.from_pylist(records).replace_schema_metadata({b"tokenunlearn": json.dumps(meta).encode()})
+
+
+def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: Path | None) -> dict:
+    """Evaluate one model and write `out_dir` (atomically). `retain_dir`: the retain model's evaluation, for
+    forget quality (None: no forget quality; `out_dir` itself: this is the retain model)."""
+    start = time.perf_counter()
+    own_retain = retain_dir is not None and Path(retain_dir).resolve() == Path(out_dir).resolve()
+    if retain_dir is not None and not own_retain and "forget" in cfg.tofu_sets:
+        _retain_items(Path(retain_dir))  # fail before the work, not after it
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if not Path(model_path).exists() and not is_hub_name(model_path):
+        raise DataError(f"model '{model_path}': no such directory; produce it first (e.g. `dvc repro` for the "
+                        "pipeline's models, or `tokenunlearn unlearn NAME`)")
+    tokenizer = load_tokenizer(model_path, cfg.trust_remote_code)
+    model = load_model(model_path, dtype=dtype, trust_remote_code=cfg.trust_remote_code).to(device).eval()
+    check_vocab(model, tokenizer, model_path)
+    template = get_template(cfg.template)
+    summary: dict = {"model": str(model_path), "source": cfg.source, "forget_split": cfg.forget_split}
+    item_tables: dict[str, pa.Table] = {}
+    results: dict[str, SetResult] = {}
+    questions_hash: dict[str, str] = {}
+
+    for name in cfg.tofu_sets:
+        split = TOFU_SETS[name].format(forget=cfg.forget_split)
+        rows = load_split(cfg.source, split)
+        result = evaluate_set(model, tokenizer, template, rows, name, cfg.batch_size, cfg.max_new_tokens,
+                              name=f"{cfg.source}/{split}")
+        results[name], questions_hash[name] = result, _questions_hash(rows)
+        item_tables[name] = _item_table(rows, result, {"split": split, "questions_hash": questions_hash[name]})
+        summary[name] = {"n": len(rows), **{k: round(v, 6) for k, v in result.aggregates.items()}}
+        log.info("%s: %s", split, summary[name])
+
+    if "forget" in results:
+        summary["forget_es"] = summary["forget"]["extraction_strength"]
+        if retain_dir is not None:
+            reference = (results["forget"].truth_ratios if own_retain
+                         else retain_truth_ratios(Path(retain_dir), questions_hash["forget"]))
+            fq = forget_quality(results["forget"].truth_ratios, reference)
+            summary["forget_quality"], summary["log10_forget_quality"] = fq.pvalue, round(fq.log10_pvalue, 4)
+    if "retain" in results:
+        summary["retain_es"] = summary["retain"]["extraction_strength"]
+    if all(s in results for s in ("retain", "real_authors", "world_facts")):
+        summary["model_utility"] = round(model_utility({k: v.aggregates for k, v in results.items()}), 6)
+
+    mc_tables: dict[str, pa.Table] = {}
+    for name, spec in cfg.multiple_choice.items():
+        scoring = spec.get("scoring", "letter")
+        for set_name, items in MC_FORMATS[spec["format"]](name, spec, cfg).items():
+            result = evaluate_mc(model, tokenizer, items, batch_size=cfg.mc_batch_size, scoring=scoring,
+                                 template=template)
+            mc_tables[set_name] = pa.Table.from_pylist(result["records"]).replace_schema_metadata(
+                {b"tokenunlearn": json.dumps({"scoring": scoring}).encode()})
+            summary[f"mc_{set_name}"] = round(result["accuracy"], 6)
+            log.info("multiple choice %s: accuracy %.4f over %d items", set_name, result["accuracy"], result["n"])
+
+    summary["seconds"] = round(time.perf_counter() - start, 1)
+    with atomic_dir(out_dir) as tmp:
+        (tmp / "items").mkdir()
+        for name, table in item_tables.items():
+            pq.write_table(table, tmp / "items" / f"{name}.parquet", compression="zstd")
+        if mc_tables:
+            (tmp / "mc").mkdir()
+            for name, table in mc_tables.items():
+                pq.write_table(table, tmp / "mc" / f"{name}.parquet", compression="zstd")
+        write_json(tmp / "metrics.json", summary)
+    return summary
+
+
+# ---- several seeds of one run --------------------------------------------------------------------------------
+
+def seed_models(path: str | Path) -> dict[int, Path]:
+    """{seed: model directory} of an unlearning run's `seed{S}/model` directories; empty for a single model."""
+    path = Path(path)
+    if not path.is_dir() or (path / "config.json").is_file():
+        return {}
+    found = {}
+    for d in path.iterdir():
+        m = re.fullmatch(r"seed(\d+)", d.name)
+        if m and (d / "model").is_dir():
+            found[int(m.group(1))] = d / "model"
+    return dict(sorted(found.items()))
+
+
+def aggregate_seeds(per_seed: dict[int, dict]) -> dict:
+    """Each top-level number as the mean over seeds, with `<name>_std` (sample standard deviation; 0 for one seed)."""
+    summaries = list(per_seed.values())
+    out: dict = {"seeds": list(per_seed)}
+    for key, value in summaries[0].items():
+        values = [s.get(key) for s in summaries]
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and all(
+                isinstance(v, (int, float)) for v in values):
+            out[key] = round(statistics.fmean(values), 6)
+            out[f"{key}_std"] = round(statistics.stdev(values), 6) if len(values) > 1 else 0.0
+        elif all(v == value for v in values):
+            out[key] = value  # the same for every seed: source, forget split
+    out["per_seed"] = {str(seed): s for seed, s in per_seed.items()}
+    return out
+
+
+def evaluate_path(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: Path | None,
+                  metrics_file: Path | None = None) -> dict:
+    """Evaluate a model, or every seed of an unlearning run (into `out_dir/seed{S}`), and write the summary also
+    to `metrics_file` (DVC metrics cannot live inside an output directory)."""
+    seeds = seed_models(model_path)
+    if seeds:
+        per_seed = {seed: evaluate_model(str(model), cfg, out_dir / f"seed{seed}", retain_dir)
+                    for seed, model in seeds.items()}
+        summary = {"model": str(model_path), **aggregate_seeds(per_seed)}
+        write_json(out_dir / "metrics.json", summary)
+    else:
+        summary = evaluate_model(model_path, cfg, out_dir, retain_dir)
+    if metrics_file is not None:
+        write_json(metrics_file, summary)  # creates its directory
+    return summary

@@ -1,0 +1,221 @@
+"""The results table and plots, from the evaluation summaries of the models.
+
+Columns are the paper's Table 1 (retain ES, forget ES, model utility, log10 forget quality) and its Table 2
+(multiple-choice accuracies) where evaluated; one row per model, "before unlearning" (the target) and the retain
+model first, as mean ± standard deviation over seeds where there are several. A second table sets each token-level
+variant against its sequence-level method and marks the differences larger than the two spreads together.
+Plots: forget quality against model utility per method, forget and retain ES per method, and the ablations
+(metrics against r, and against 1 − α).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.common.atomic import atomic_file
+from pipeline.common.errors import DataError
+from pipeline.common.plots import pyplot, save_figure
+
+# (summary key, column title); multiple-choice columns follow, one per `mc_*` key found.
+COLUMNS = [("retain_es", "retain ES ↑"), ("forget_es", "forget ES ↓"), ("model_utility", "MU ↑"),
+           ("log10_forget_quality", "log10 FQ ↑")]
+WEIGHTING_PREFIX = {"uniform": "", "hard": "T-", "soft": "S-"}
+
+
+@dataclass
+class Row:
+    name: str
+    label: str          # "before unlearning", "retain model", or the paper's name (T-NPO, S-GA, ...)
+    method: str         # the base method, "" for the two reference models
+    weighting: str
+    summary: dict
+
+
+def paper_name(method: str, weighting: str) -> str:
+    return f"{WEIGHTING_PREFIX.get(weighting, weighting + '-')}{'GradDiff' if method == 'graddiff' else method.upper()}"
+
+
+def load_rows(metrics_dir: Path, runs: dict[str, dict], defaults: dict) -> list[Row]:
+    """Target, retain, then each run of `runs` (a subset of `unlearn.runs`), from `metrics_dir/NAME.json`."""
+    wanted = [("target", "before unlearning", "", ""), ("retain", "retain model", "", "")]
+    for name, run in runs.items():
+        spec = {**defaults, **run}
+        wanted.append((name, paper_name(spec["method"], spec["weighting"]), spec["method"], spec["weighting"]))
+    rows = []
+    for name, label, method, weighting in wanted:
+        file = metrics_dir / f"{name}.json"
+        if not file.is_file():
+            raise DataError(f"{file}: no evaluation of '{name}' (run `dvc repro` or `tokenunlearn evaluate {name}`)")
+        rows.append(Row(name, label, method, weighting, json.loads(file.read_text())))
+    return rows
+
+
+def mc_keys(rows: list[Row]) -> list[str]:
+    return sorted({k for r in rows for k in r.summary if k.startswith("mc_") and not k.endswith("_std")})
+
+
+def _fmt(value, std=None) -> str:
+    if value is None:
+        return "–"
+    if not (isinstance(value, float) and math.isfinite(value)):
+        return str(value)
+    return f"{value:.3f} ± {std:.3f}" if std else f"{value:.3f}"
+
+
+def results_table(rows: list[Row]) -> tuple[str, str]:
+    """(Markdown, CSV) of the results; the CSV has each column's standard deviation beside it."""
+    keys = COLUMNS + [(k, k[3:] + " acc") for k in mc_keys(rows)]
+    header = ["model", "run"] + [title for _, title in keys]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["model", "run", "method", "weighting", "seeds"] + [c for k, _ in keys for c in (k, f"{k}_std")])
+    for r in rows:
+        values = [(r.summary.get(k), r.summary.get(f"{k}_std")) for k, _ in keys]
+        lines.append("| " + " | ".join([r.label, r.name] + [_fmt(v, sd) for v, sd in values]) + " |")
+        writer.writerow([r.label, r.name, r.method, r.weighting, len(r.summary.get("seeds", [0]))]
+                        + ["" if v is None else v for pair in values for v in pair])
+    return "\n".join(lines) + "\n", buffer.getvalue()
+
+
+def comparison_table(rows: list[Row]) -> str:
+    """Token-level minus sequence-level per method and column (Markdown); `*` marks a difference larger than
+    the two standard deviations added, the spread over seeds. With one seed there is no spread to compare with,
+    so nothing is marked."""
+    keys = COLUMNS + [(k, k[3:] + " acc") for k in mc_keys(rows)]
+    by_method = {(r.method, r.weighting): r for r in rows if r.method}
+    lines = ["| variant − sequence level | " + " | ".join(t for _, t in keys) + " |", "|" + "---|" * (len(keys) + 1)]
+    for (method, weighting), row in by_method.items():
+        base = by_method.get((method, "uniform"))
+        if weighting == "uniform" or base is None:
+            continue
+        cells = []
+        has_spread = min(len(row.summary.get("seeds", ())), len(base.summary.get("seeds", ()))) >= 2
+        for key, _ in keys:
+            a, b = row.summary.get(key), base.summary.get(key)
+            if a is None or b is None:
+                cells.append("–")
+                continue
+            spread = (row.summary.get(f"{key}_std") or 0) + (base.summary.get(f"{key}_std") or 0)
+            cells.append(f"{a - b:+.3f}{' *' if has_spread and abs(a - b) > spread else ''}")
+        lines.append(f"| {row.label} − {base.label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Ablation:
+    name: str            # r or alpha
+    axis: str            # the plotted x: r, or 1 − α
+    points: list         # [(x, Row)], sorted by x
+
+
+ABLATION_AXES = {"r": ("r", lambda spec: spec["r"]), "alpha": ("1 − α", lambda spec: round(1 - spec["alpha"], 6))}
+
+
+def load_ablations(metrics_dir: Path, ablations: dict[str, list[str]], runs: dict, defaults: dict) -> list[Ablation]:
+    out = []
+    for name, names in ablations.items():
+        if name not in ABLATION_AXES:
+            raise DataError(f"report.ablations.{name}: unknown (choose from {sorted(ABLATION_AXES)})")
+        missing = [n for n in names if n not in runs]
+        if missing:
+            raise DataError(f"report.ablations.{name}: {missing} are not runs of unlearn.runs")
+        axis, value = ABLATION_AXES[name]
+        rows = load_rows(metrics_dir, {n: runs[n] for n in names}, defaults)[2:]
+        points = sorted(((value({**defaults, **runs[r.name]}), r) for r in rows), key=lambda p: p[0])
+        out.append(Ablation(name, axis, points))
+    return out
+
+
+def ablation_csv(ablation: Ablation) -> str:
+    buffer = io.StringIO()
+    w = csv.writer(buffer, lineterminator="\n")
+    w.writerow([ablation.name, "run"] + [c for k, _ in COLUMNS for c in (k, f"{k}_std")])
+    for x, r in ablation.points:
+        w.writerow([x, r.name] + [r.summary.get(c) for k, _ in COLUMNS for c in (k, f"{k}_std")])
+    return buffer.getvalue()
+
+
+def plot_ablation(ablation: Ablation, path: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(COLUMNS), figsize=(4 * len(COLUMNS), 3.4))
+    xs = [x for x, _ in ablation.points]
+    for ax, (key, title) in zip(axes, COLUMNS):
+        ys = [r.summary.get(key) for _, r in ablation.points]
+        errs = [r.summary.get(f"{key}_std") or 0 for _, r in ablation.points]
+        ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3)
+        ax.set_xlabel(ablation.axis)
+        ax.set_title(title)
+    fig.suptitle(f"{ablation.points[0][1].label}: ablation of {ablation.axis} (mean ± std over seeds)")
+    save_figure(fig, path)
+
+
+def plot_tables(rows: list[Row]) -> dict[str, str]:
+    """CSV data of the plots (DVC plots read them): FQ against MU, and ES per model."""
+    tradeoff = io.StringIO()
+    w = csv.writer(tradeoff, lineterminator="\n")
+    w.writerow(["model", "method", "weighting", "model_utility", "log10_forget_quality"])
+    es = io.StringIO()
+    e = csv.writer(es, lineterminator="\n")
+    e.writerow(["model", "forget_es", "retain_es"])
+    for r in rows:
+        w.writerow([r.label, r.method or r.name, r.weighting or "reference", r.summary.get("model_utility"),
+                    r.summary.get("log10_forget_quality")])
+        e.writerow([r.label, r.summary.get("forget_es"), r.summary.get("retain_es")])
+    return {"tradeoff.csv": tradeoff.getvalue(), "extraction_strength.csv": es.getvalue()}
+
+
+def plot_png(rows: list[Row], out_dir: Path) -> None:
+    """forget_quality_vs_utility.png and extraction_strength.png."""
+    plt = pyplot()
+    markers = {"uniform": "o", "hard": "^", "soft": "s", "": "*"}
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for r in rows:
+        mu, fq = r.summary.get("model_utility"), r.summary.get("log10_forget_quality")
+        if mu is None or fq is None:
+            continue
+        ax.scatter(mu, fq, marker=markers.get(r.weighting, "o"), s=60)
+        ax.annotate(r.label, (mu, fq), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("model utility")
+    ax.set_ylabel("log10 forget quality")
+    ax.set_title("Forget quality against model utility (o sequence, ^ hard, s soft)")
+    save_figure(fig, out_dir / "forget_quality_vs_utility.png")
+
+    fig, ax = plt.subplots(figsize=(max(7, 0.45 * len(rows)), 4.5))
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], [r.summary.get("forget_es") or 0 for r in rows], width=0.4, label="forget ES")
+    ax.bar([i + 0.2 for i in x], [r.summary.get("retain_es") or 0 for r in rows], width=0.4, label="retain ES")
+    ax.set_xticks(list(x), [r.label for r in rows], rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel("extraction strength")
+    ax.legend()
+    save_figure(fig, out_dir / "extraction_strength.png")
+
+
+def write_report(rows: list[Row], out_dir: Path, plots_dir: Path, ablations: list[Ablation] = ()) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    markdown, table_csv = results_table(rows)
+    with atomic_file(out_dir / "results.md") as f:
+        f.write(markdown)
+        f.write("\nToken level against sequence level (`*`: larger than the two standard deviations added; "
+                "never with one seed):\n\n")
+        f.write(comparison_table(rows))
+        for ablation in ablations:
+            table, _ = results_table([Row(r.name, f"{r.label}, {ablation.axis} = {x}", r.method, r.weighting,
+                                          r.summary) for x, r in ablation.points])
+            f.write(f"\nAblation of {ablation.axis}:\n\n{table}")
+    with atomic_file(out_dir / "results.csv") as f:
+        f.write(table_csv)
+    for name, text in plot_tables(rows).items():
+        with atomic_file(plots_dir / name) as f:
+            f.write(text)
+    for ablation in ablations:
+        with atomic_file(plots_dir / f"ablation_{ablation.name}.csv") as f:
+            f.write(ablation_csv(ablation))
+        plot_ablation(ablation, out_dir / f"ablation_{ablation.name}.png")
+    plot_png(rows, out_dir)

@@ -1,0 +1,127 @@
+"""Supervised finetuning on question-answer splits: how the base, target and retain models are made.
+
+As TOFU builds them: the target model is finetuned on `full`, the retain (gold-standard) model on `retain90`.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pipeline.common.atomic import atomic_file
+from pipeline.common.distributed import init_distributed
+from pipeline.common.errors import ParamError
+from pipeline.common.modeling import build_model, check_vocab, count_parameters, load_model, load_tokenizer, save_model
+from pipeline.common.params import section
+from pipeline.data.batching import StepSchedule, pad_batch
+from pipeline.data.config import DataConfig
+from pipeline.data.templates import EncodedSample, encode_rows, get_template
+from pipeline.data.tofu import load_split
+from pipeline.training.engine import Engine, TrainConfig, deepspeed_config, fingerprint, train_loop, zero3_loading
+from pipeline.training.losses import causal_lm_loss
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FinetuneJob:
+    name: str
+    init: str                      # "scratch" (build from model_config) or a model directory / hub name
+    splits: list[str]
+    train: TrainConfig
+    data: DataConfig
+    tokenizer: str | None = None   # defaults to the init model's own tokenizer
+    model_config: dict = field(default_factory=dict)
+    trust_remote_code: bool = False
+
+
+JOB_KEYS = {"init", "splits", "tokenizer", "train", "trust_remote_code"}
+
+
+def job_from_params(params: dict, name: str) -> FinetuneJob:
+    models = section(params, "finetune.models")
+    if name not in models:
+        raise ParamError(f"finetune.models: no model named '{name}' (have {sorted(models)})")
+    spec = models[name]
+    unknown = set(spec) - JOB_KEYS
+    if unknown:
+        raise ParamError(f"finetune.models.{name}: unknown parameter(s) {sorted(unknown)}")
+    if not spec.get("splits"):
+        raise ParamError(f"finetune.models.{name}.splits: at least one split is needed")
+    train = {**section(params, "finetune.train"), **spec.get("train", {})}
+    return FinetuneJob(
+        name=name,
+        init=str(spec.get("init", "scratch")),
+        splits=list(spec["splits"]),
+        train=TrainConfig.from_params(train, f"finetune.models.{name}.train"),
+        data=DataConfig.from_params(section(params, "data")),
+        tokenizer=spec.get("tokenizer"),
+        model_config=dict(params.get("model", {}).get("config", {})),
+        trust_remote_code=bool(spec.get("trust_remote_code", False)),
+    )
+
+
+def load_samples(job: FinetuneJob, tokenizer) -> list[EncodedSample]:
+    template = get_template(job.data.template)
+    samples: list[EncodedSample] = []
+    skipped: list[str] = []
+    for split in job.splits:
+        rows = load_split(job.data.source, split)
+        where = f"{job.data.source}/{split}.json"
+        samples += encode_rows(tokenizer, template, rows, job.data.max_length, where, job.data.skip_too_long,
+                               on_skip=lambda i, w=where: skipped.append(f"{w}:{i}"))
+    if skipped:
+        log.warning("skipped %d rows longer than max_length=%d (first: %s)", len(skipped), job.data.max_length,
+                    skipped[0])
+    return samples
+
+
+def run_finetune(job: FinetuneJob, out_dir: Path, ckpt_dir: Path, plot_file: Path, resume: bool) -> dict:
+    """Train and write the model (safetensors, with its tokenizer) and the loss curve; return a summary."""
+    rank, world_size = init_distributed()
+    tokenizer = load_tokenizer(job.tokenizer or job.init, job.trust_remote_code)
+    samples = load_samples(job, tokenizer)
+    t = job.train
+    schedule = StepSchedule(len(samples), t.micro_batch_size, t.grad_accum, world_size, t.seed)
+    total_steps = max(1, math.ceil(t.epochs * schedule.steps_per_epoch))
+    keep_alive = zero3_loading(deepspeed_config(t, world_size, total_steps))  # noqa: F841
+    if job.init == "scratch":
+        if not job.model_config:
+            raise ParamError(f"finetune.models.{job.name}: init 'scratch' needs model.config")
+        model = build_model(job.model_config, tokenizer, t.seed)
+    else:
+        model = load_model(job.init, trust_remote_code=job.trust_remote_code)
+    check_vocab(model, tokenizer, job.init)
+    log.info("%s: %d samples, %d steps of %d samples, %.2fM parameters, %d process(es)", job.name,
+             len(samples), total_steps, schedule.global_batch, count_parameters(model) / 1e6, world_size)
+    engine = Engine(model, t, total_steps)
+
+    def batches_for_step(step: int) -> list[dict]:
+        return [pad_batch([samples[i] for i in idx], tokenizer.pad_token_id)
+                for idx in schedule.micro_batches(step, rank)]
+
+    run_id = fingerprint({"job": asdict(job), "world_size": world_size,
+                          "data": [s.input_ids for s in samples]})
+    history = train_loop(engine, batches_for_step, causal_lm_loss, ckpt_dir, run_id, resume,
+                         desc=f"finetune {job.name}")
+
+    def write(state_dict: dict | None) -> None:
+        save_model(engine.module, tokenizer, out_dir, state_dict=state_dict)
+        write_history(history, plot_file)
+
+    engine.finish(write, ckpt_dir)
+    return {"name": job.name, "steps": total_steps, "samples": len(samples),
+            "final_loss": history[-1]["loss"] if history else None}
+
+
+def write_history(history: list[dict], path: Path) -> None:
+    """The per-step metrics as CSV: a DVC plot."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = list(history[0]) if history else ["step", "loss", "lr"]
+    with atomic_file(path) as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(history)

@@ -1,0 +1,191 @@
+"""The forget set for stage two, streamed from the attribution shards, with this run's token weights.
+
+The weights ω come from the shards' Δ and H here (φ is recomputed with this run's α), so r, τ and α are
+stage two's params. Memory holds at most a few decoded shards, whatever the number of shards: each epoch
+visits the shards in a seeded order, in windows of `window_shards` shards, and shuffles the samples within
+a window (the usual shard-then-buffer shuffle of streaming loaders). The order is a pure function of the
+seed, the epoch and the manifest's row counts, so a resumed run, or N processes, see the same batches.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from pipeline.attribution.shards import read_manifest
+from pipeline.attribution.signals import attribution_score
+from pipeline.attribution.weights import token_weights
+from pipeline.common.atomic import atomic_file
+from pipeline.common.errors import DataError, ParamError
+from pipeline.common.modeling import model_hash, tokenizer_hash
+
+COLUMNS = ["sample_id", "input_ids", "scored", "delta", "entropy", "logp_orig"]
+
+
+@dataclass
+class ForgetSample:
+    sample_id: int
+    input_ids: np.ndarray   # int64
+    scored: np.ndarray      # bool, the answer tokens (and EOS) that attribution scored
+    weights: np.ndarray     # ω, full length, 0 where not scored
+    ref_logp: np.ndarray    # log p_θo(s_i | s_<i) from the shards, 0 where not scored
+    phi: np.ndarray         # φ, NaN where not scored
+
+
+USES = {"uniform": (), "hard": ("r", "alpha"), "soft": ("tau", "alpha")}  # the parameters each strategy reads
+
+
+@dataclass(frozen=True)
+class Weighting:
+    strategy: str = "uniform"   # uniform | hard | soft
+    r: float = 0.2
+    tau: float = 0.5
+    alpha: float = 0.7
+
+    def used(self) -> dict:
+        """The parameters these weights depend on (uniform ones depend on none of r, τ, α)."""
+        return {"weighting": self.strategy, **{name: getattr(self, name) for name in USES[self.strategy]}}
+
+    def sample(self, sample_id, input_ids, scored, delta, entropy, logp_orig) -> ForgetSample:
+        phi_scored = attribution_score(delta[scored], entropy[scored], self.alpha)
+        weights = np.zeros(len(scored))
+        weights[scored] = token_weights(self.strategy, phi_scored, r=self.r, tau=self.tau)
+        phi = np.full(len(scored), np.nan)
+        phi[scored] = phi_scored
+        return ForgetSample(sample_id, input_ids, scored, weights, np.nan_to_num(logp_orig, nan=0.0), phi)
+
+
+def _list_column(table: pa.Table, name: str, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """A list column as (flat values, offsets): rows are slices, without a Python object per token."""
+    column = table.column(name).combine_chunks()
+    return column.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False), column.offsets.to_numpy()
+
+
+class ForgetStream:
+    """Forget samples by global row id (shard order), decoded shard by shard into a small LRU cache."""
+
+    def __init__(self, shard_dir: str | Path, weighting: Weighting, seed: int = 0, window_shards: int = 4):
+        if window_shards < 1:
+            raise ParamError(f"window_shards={window_shards}: must be at least 1")
+        self.shard_dir, self.weighting, self.seed, self.window = Path(shard_dir), weighting, seed, window_shards
+        self.manifest = read_manifest(self.shard_dir)  # checks every shard's sha256 once
+        shards = self.manifest["shards"]
+        self.files = [self.shard_dir / s["name"] for s in shards]
+        self.starts = np.concatenate([[0], np.cumsum([s["rows"] for s in shards])]).astype(np.int64)
+        self.n_samples = int(self.starts[-1])
+        if self.n_samples == 0:
+            raise DataError(f"{self.shard_dir}: the attribution shards hold no sample")
+        self._cache: OrderedDict[int, list[ForgetSample]] = OrderedDict()
+        self.cache_size = 2 * window_shards  # a batch may straddle two windows
+        self.decoded_shards = 0               # counts decodes (tests and the benchmark read it)
+
+    def __len__(self) -> int:
+        return self.n_samples
+
+    def check_source(self, model, model_path: str, tokenizer) -> None:
+        """Refuse shards made by another model or tokenizer, naming the field that differs."""
+        meta = self.manifest["metadata"]
+        for name, ours in (("model_hash", model_hash(model, model_path)),
+                           ("tokenizer_hash", tokenizer_hash(tokenizer))):
+            if meta.get(name) != ours:
+                raise DataError(
+                    f"{self.shard_dir}: shards were made with {name}={meta.get(name)} (model {meta.get('model')!r}), "
+                    f"but {model_path!r} has {name}={ours}; rerun `attribute` with this model"
+                )
+
+    def _decode(self, shard: int) -> list[ForgetSample]:
+        file = self.files[shard]
+        table = pq.read_table(file, columns=COLUMNS)
+        if table.num_rows != self.starts[shard + 1] - self.starts[shard]:
+            expected = self.starts[shard + 1] - self.starts[shard]
+            raise DataError(f"{file}: {table.num_rows} rows, the manifest says {expected}")
+        ids, off = _list_column(table, "input_ids", np.int64)
+        scored, _ = _list_column(table, "scored", bool)
+        delta, _ = _list_column(table, "delta", np.float64)
+        entropy, _ = _list_column(table, "entropy", np.float64)
+        logp, _ = _list_column(table, "logp_orig", np.float64)
+        out = []
+        for row, sample_id in enumerate(table.column("sample_id").to_pylist()):
+            s = slice(off[row], off[row + 1])
+            if not scored[s].any():
+                raise DataError(f"{file}: sample {sample_id} has no scored token")
+            out.append(self.weighting.sample(sample_id, ids[s], scored[s], delta[s], entropy[s], logp[s]))
+        self.decoded_shards += 1
+        return out
+
+    def _shard(self, shard: int) -> list[ForgetSample]:
+        if shard in self._cache:
+            self._cache.move_to_end(shard)
+        else:
+            self._cache[shard] = self._decode(shard)
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return self._cache[shard]
+
+    def get(self, row_ids) -> list[ForgetSample]:
+        out = []
+        for i in row_ids:
+            shard = int(np.searchsorted(self.starts, i, side="right")) - 1
+            out.append(self._shard(shard)[i - self.starts[shard]])
+        return out
+
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """Global row ids in this epoch's order: shards permuted, samples shuffled within windows of shards."""
+        rng = np.random.default_rng([self.seed, epoch])
+        shards = rng.permutation(len(self.files))
+        order = []
+        for w in range(0, len(shards), self.window):
+            rows = np.concatenate([np.arange(self.starts[s], self.starts[s + 1]) for s in shards[w:w + self.window]])
+            order.append(rng.permutation(rows))
+        return torch.from_numpy(np.concatenate(order))
+
+    def __iter__(self) -> Iterator[ForgetSample]:
+        """Every sample in shard order, one shard in memory at a time (bypasses the cache)."""
+        for shard in range(len(self.files)):
+            yield from self._decode(shard)
+
+
+def forget_batch(samples: list[ForgetSample], pad_id: int) -> dict[str, torch.Tensor]:
+    width = max(len(s.input_ids) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(samples), width), dtype=torch.long)
+    weights, ref, scored = (torch.zeros((len(samples), width)) for _ in range(3))
+    for b, s in enumerate(samples):
+        n = len(s.input_ids)
+        ids[b, :n] = torch.from_numpy(s.input_ids)
+        attention[b, :n] = 1
+        weights[b, :n] = torch.from_numpy(s.weights)
+        ref[b, :n] = torch.from_numpy(s.ref_logp)
+        scored[b, :n] = torch.from_numpy(s.scored)
+    return {"input_ids": ids, "attention_mask": attention, "weights": weights, "ref_logp": ref, "scored": scored}
+
+
+WEIGHTS_SCHEMA = pa.schema([
+    ("sample_id", pa.int64()), ("input_ids", pa.list_(pa.int32())), ("scored", pa.list_(pa.bool_())),
+    ("phi", pa.list_(pa.float32())), ("weight", pa.list_(pa.float32())),
+])
+
+
+def write_token_weights(stream: ForgetStream, path: Path) -> None:
+    """The weights a run used, per token, for inspection: one row group per shard, written atomically. Its
+    metadata names only the parameters the weights depend on, so a new τ leaves a hard or uniform run's
+    output, and what DVC runs after it, unchanged."""
+    schema = WEIGHTS_SCHEMA.with_metadata({b"tokenunlearn": json.dumps(stream.weighting.used()).encode()})
+    with atomic_file(path, "wb") as f, pq.ParquetWriter(f, schema, compression="zstd") as writer:
+        for shard in range(len(stream.files)):
+            samples = stream._decode(shard)
+            writer.write_table(pa.table({
+                "sample_id": [s.sample_id for s in samples],
+                "input_ids": [s.input_ids.tolist() for s in samples],
+                "scored": [s.scored.tolist() for s in samples],
+                "phi": [s.phi.tolist() for s in samples],
+                "weight": [s.weights.tolist() for s in samples],
+            }, schema=schema))

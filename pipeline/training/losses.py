@@ -1,0 +1,114 @@
+"""Every training loss as a pure function of a model's outputs, weights and masks: finetuning's NLL, the
+unlearning objectives and the retention terms.
+
+Finetuning minimises the mean NLL of the labelled (answer and EOS) tokens.
+
+Forget losses are per-token `ℓ_i` (lower is more forgetting; the trainer minimises them), combined per sample
+by the weighted mean Σ ω_i ℓ_i / Σ ω_i and then averaged over the samples of the batch. With ω = 1 that is the
+usual token mean; hard weights give the mean over the selected tokens; soft weights a softmax-weighted average.
+
+    GA   ℓ_i = log p_θ(s_i)
+    WGA  ℓ_i = sg[p_θ(s_i)^γ] · log p_θ(s_i)                 (sg: no gradient through the factor)
+    NPO  ℓ_i = (2/β) · log(1 + (p_θ(s_i) / p_ref(s_i))^β)    (token level)
+         L   = −(2/β) · log σ(−β · (log π_θ(y) − log π_ref(y)))  (the original, sequence level)
+    RMU  ℓ_i = ‖h_L(s_<i; θ) − c·u‖²  (mean over the hidden dimensions, as RMU's MSE)
+
+Retention: KL(p_ref(·|s_<k) ‖ p_θ(·|s_<k)) summed over the answer tokens of each retain sample, NLL, and
+RMU's activation matching ‖h_θ − h_ref‖² (mean over hidden dimensions and over the positions).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.data.templates import IGNORE_INDEX
+
+
+# ---- finetuning -----------------------------------------------------------------------------------------------
+
+def shifted_token_nll(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token negative log-likelihood of labels[:, 1:] under logits[:, :-1], and the mask of labelled tokens."""
+    logits, labels = logits[:, :-1], labels[:, 1:]
+    mask = labels != IGNORE_INDEX
+    nll = F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)).float(), labels.clamp(min=0).reshape(-1), reduction="none"
+    ).view(labels.shape)
+    return nll * mask, mask
+
+
+def causal_lm_loss(model, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+    """Mean NLL over the labelled (answer and EOS) tokens of the batch: the finetuning objective."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    nll, mask = shifted_token_nll(logits, batch["labels"])
+    return nll.sum() / mask.sum().clamp(min=1), {}
+
+
+# ---- unlearning -----------------------------------------------------------------------------------------------
+
+def weighted_sample_mean(token_losses: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Mean over samples of Σ_i ω_i ℓ_i / Σ_i ω_i; a sample whose weights sum to 0 is left out.
+
+    token_losses, weights: [batch, tokens]; weights are 0 at positions that are not scored."""
+    totals = weights.sum(-1)
+    keep = totals > 0
+    if not keep.any():
+        return token_losses.sum() * 0.0  # keeps the graph: a zero loss with a gradient of zero
+    per_sample = (token_losses * weights).sum(-1)[keep] / totals[keep]
+    return per_sample.mean()
+
+
+def ga_token_loss(logp: torch.Tensor) -> torch.Tensor:
+    return logp
+
+
+def wga_token_loss(logp: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    return logp.detach().exp().pow(gamma) * logp
+
+
+def npo_token_loss(logp: torch.Tensor, ref_logp: torch.Tensor, beta: float = 0.1) -> torch.Tensor:
+    # log(1 + exp(β·(log p − log p_ref))) = softplus(β·(log p − log p_ref)), computed stably
+    return (2.0 / beta) * F.softplus(beta * (logp - ref_logp))
+
+
+def npo_sequence_loss(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
+                      beta: float = 0.1) -> torch.Tensor:
+    """The original NPO on summed log-probabilities: −(2/β)·log σ(−β·Σ(log p − log p_ref)), batch mean."""
+    margin = ((logp - ref_logp) * mask).sum(-1)
+    return ((2.0 / beta) * F.softplus(beta * margin)).mean()
+
+
+def rmu_token_loss(hidden: torch.Tensor, control: torch.Tensor) -> torch.Tensor:
+    """‖h_i − c·u‖² per token as a mean over hidden dimensions; `control` is c·u, broadcast over tokens."""
+    return (hidden - control).pow(2).mean(-1)
+
+
+def activation_matching_loss(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """RMU's retain loss: the squared distance to the frozen model's activations, as a mean over hidden
+    dimensions (RMU's MSE) and over the masked positions of the batch."""
+    per_position = (hidden.float() - ref_hidden.float()).pow(2).mean(-1)
+    return (per_position * mask).sum() / mask.sum().clamp(min=1)
+
+
+def forward_kl_loss(ref_logits: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """KL(p_ref ‖ p_θ) at each masked position, summed over a sample's positions, averaged over samples."""
+    ref_logp = torch.log_softmax(ref_logits.float(), -1)
+    logp = torch.log_softmax(logits.float(), -1)
+    kl = (ref_logp.exp() * (ref_logp - logp)).sum(-1)
+    return (kl * mask).sum(-1).mean()
+
+
+def nll_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean negative log-likelihood over the masked tokens of the batch."""
+    return -(logp * mask).sum() / mask.sum().clamp(min=1)
+
+
+def token_logp(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(labels[:, i]) under logits[:, i−1], aligned with labels (position 0 gets 0), and the mask of
+    labelled positions (labels ≠ −100)."""
+    mask = labels != IGNORE_INDEX
+    mask[:, 0] = False
+    logp = torch.zeros(labels.shape, dtype=torch.float32, device=logits.device)
+    lsm = torch.log_softmax(logits[:, :-1].float(), -1)
+    logp[:, 1:] = lsm.gather(-1, labels[:, 1:].clamp(min=0)[..., None])[..., 0]
+    return logp * mask, mask

@@ -1,0 +1,315 @@
+"""Stage two: unlearning on the DeepSpeed engine, from the attribution shards and retain data.
+
+The forget set streams from the shards (`ForgetStream`), with token weights ω computed here from Δ and H, so
+r, τ and α are this stage's params and changing them never reruns attribution. Each method is a forget loss in
+`METHODS`; a retention term from `RETAIN_LOSSES` (λ·KL(p_ref ‖ p_θ) on retain answers by default, NLL, or RMU's
+activation matching) is added to every method.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from pipeline.attribution.weights import WEIGHTING
+from pipeline.common.atomic import atomic_dir
+from pipeline.common.distributed import init_distributed
+from pipeline.common.errors import DataError, ParamError
+from pipeline.common.modeling import check_vocab, load_model, load_tokenizer, write_model
+from pipeline.common.params import dataclass_from_params, section
+from pipeline.data.batching import StepSchedule, pad_batch
+from pipeline.data.config import DataConfig
+from pipeline.data.templates import EncodedSample, encode_rows, encode_texts, get_template
+from pipeline.data.tofu import load_passages, load_split
+from pipeline.training.engine import Engine, TrainConfig, deepspeed_config, fingerprint, train_loop, zero3_loading
+from pipeline.training.finetune import write_history
+from pipeline.training.forget_stream import ForgetStream, Weighting, forget_batch, write_token_weights
+from pipeline.training.losses import (activation_matching_loss, forward_kl_loss, ga_token_loss, nll_loss,
+                                      npo_sequence_loss, npo_token_loss, rmu_token_loss, token_logp,
+                                      weighted_sample_mean, wga_token_loss)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class UnlearnConfig:
+    method: str = "ga"                 # ga | wga | npo | rmu | graddiff
+    weighting: str = "uniform"         # uniform (sequence level) | hard (T-) | soft (S-)
+    r: float = 0.2                     # hard: the top-r fraction of φ
+    tau: float = 0.5                   # soft: softmax(φ / τ)
+    alpha: float = 0.7                 # φ = α·minmax(Δ) + (1−α)·minmax(H), recomputed from the shards' Δ and H
+    retain_split: str = "retain90"
+    retain_corpus: str = ""            # instead of retain_split: passages (JSON Lines, `text`), e.g. the world's
+                                       # biographies, less those of the forget split's authors (WMDP-style runs)
+    retain_loss: str = "kl"            # kl: λ·KL(p_ref ‖ p_θ) on retain answers | nll | activation (RMU's) | none
+    retain_weight: float = 0.1         # λ
+    gamma: float = 1.0                 # WGA
+    beta: float = 0.1                  # NPO
+    rmu_layer: int = 2                 # RMU: the layer whose output is steered (hidden_states index)
+    rmu_steer: float = 6.5             # RMU: c
+    rmu_update_layers: list = field(default_factory=list)  # RMU: layers updated; empty: layer-2 .. layer
+    retain_batch_size: int = 0         # retain samples per micro-batch; 0: the forget micro-batch size
+    trust_remote_code: bool = False
+
+    @classmethod
+    def from_params(cls, values: dict, where: str) -> "UnlearnConfig":
+        cfg = dataclass_from_params(cls, values, where)
+        checks = [("method", cfg.method in METHODS), ("weighting", cfg.weighting in WEIGHTING),
+                  ("r", 0 < cfg.r <= 1), ("tau", cfg.tau > 0), ("alpha", 0 <= cfg.alpha <= 1),
+                  ("retain_loss", cfg.retain_loss in RETAIN_LOSSES), ("retain_weight", cfg.retain_weight >= 0),
+                  ("gamma", cfg.gamma >= 0), ("beta", cfg.beta > 0), ("rmu_layer", cfg.rmu_layer >= 1),
+                  ("retain_batch_size", cfg.retain_batch_size >= 0)]
+        for name, ok in checks:
+            if not ok:
+                options = {"method": METHODS, "retain_loss": RETAIN_LOSSES}.get(name)
+                choices = f" (choose from {sorted(options)})" if options else ""
+                raise ParamError(f"{where}.{name}={getattr(cfg, name)!r}: out of range{choices}")
+        return cfg
+
+    @property
+    def weighting_spec(self) -> Weighting:
+        return Weighting(self.weighting, self.r, self.tau, self.alpha)
+
+    @property
+    def retain(self) -> "RetainLoss | None":
+        """The retention term in use: the method's own (GradDiff's NLL) or `retain_loss`; None if off."""
+        name = METHODS[self.method].default_retain or self.retain_loss
+        return RETAIN_LOSSES[name] if name != "none" and self.retain_weight > 0 else None
+
+
+def run_configs(params: dict, name: str) -> tuple[UnlearnConfig, TrainConfig]:
+    """Run NAME of `unlearn.runs`: its method config over `unlearn.defaults`, and its training config, which is
+    `unlearn.train` with the run's own `train:` overrides (a tuned learning rate, say)."""
+    runs = section(params, "unlearn.runs")
+    if name not in runs:
+        raise ParamError(f"unlearn.runs: no run named '{name}' (have {sorted(runs)})")
+    spec, where = dict(runs[name]), f"unlearn.runs.{name}"
+    overrides = spec.pop("train", {})
+    if not isinstance(overrides, dict):
+        raise ParamError(f"{where}.train: expected a mapping such as {{lr: 1.0e-4}}")
+    cfg = UnlearnConfig.from_params({**section(params, "unlearn.defaults"), **spec}, where)
+    train = TrainConfig.from_params({**section(params, "unlearn.train"), **overrides}, f"{where}.train")
+    return cfg, train
+
+
+# ---- forget losses: one function per method, chosen from a registry -------------------------------------
+
+@dataclass
+class ForwardOut:
+    logp: torch.Tensor            # [B, T] log p_θ(s_i | s_<i), 0 where not scored
+    hidden: torch.Tensor | None   # [B, T, d] hidden states at the RMU layer
+
+
+def _ga(out: ForwardOut, batch: dict, cfg: UnlearnConfig) -> torch.Tensor:
+    return weighted_sample_mean(ga_token_loss(out.logp), batch["weights"])
+
+
+def _wga(out: ForwardOut, batch: dict, cfg: UnlearnConfig) -> torch.Tensor:
+    return weighted_sample_mean(wga_token_loss(out.logp, cfg.gamma), batch["weights"])
+
+
+def _npo(out: ForwardOut, batch: dict, cfg: UnlearnConfig) -> torch.Tensor:
+    if cfg.weighting == "uniform":  # the original, sequence-level NPO
+        return npo_sequence_loss(out.logp, batch["ref_logp"], batch["scored"], cfg.beta)
+    return weighted_sample_mean(npo_token_loss(out.logp, batch["ref_logp"], cfg.beta), batch["weights"])
+
+
+def _rmu(out: ForwardOut, batch: dict, cfg: UnlearnConfig) -> torch.Tensor:
+    # ℓ_i = ‖h_L(s_<i) − c·u‖²: the hidden state at position i−1 is the one that predicts token i.
+    losses = torch.zeros_like(batch["weights"])
+    losses[:, 1:] = rmu_token_loss(out.hidden[:, :-1].float(), batch["control"])
+    return weighted_sample_mean(losses, batch["weights"])
+
+
+@dataclass(frozen=True)
+class Method:
+    forget_loss: Callable[[ForwardOut, dict, UnlearnConfig], torch.Tensor]
+    needs_hidden: bool = False
+    default_retain: str | None = None  # a method's own retention term, if it has one
+
+
+METHODS: dict[str, Method] = {
+    "ga": Method(_ga),
+    "wga": Method(_wga),
+    "npo": Method(_npo),
+    "rmu": Method(_rmu, needs_hidden=True),
+    "graddiff": Method(_ga, default_retain="nll"),  # GA on forget plus NLL on retain
+}
+
+
+# ---- retention terms on retain data, from a registry -------------------------------------------------------
+
+def _answer_positions(batch: dict) -> torch.Tensor:
+    """[B, T−1]: 1 at the positions whose next token is a labelled answer token."""
+    return (batch["labels"] != -100).float()[:, 1:]
+
+
+def _retain_kl(model, reference, batch: dict, cfg: UnlearnConfig) -> torch.Tensor:
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    with torch.no_grad():
+        ref_logits = reference(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return forward_kl_loss(ref_logits[:, :-1], logits[:, :-1], _answer_positions(batch))
+
+
+def _retain_nll(model, reference, batch: dict, cfg: UnlearnConfig) -> torch.Tensor:
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logp, mask = token_logp(logits, batch["labels"])
+    return nll_loss(logp, mask.float())
+
+
+def _retain_activation(model, reference, batch: dict, cfg: UnlearnConfig) -> torch.Tensor:
+    kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "output_hidden_states": True}
+    hidden = model(**kwargs).hidden_states[cfg.rmu_layer]
+    with torch.no_grad():
+        ref_hidden = reference(**kwargs).hidden_states[cfg.rmu_layer]
+    return activation_matching_loss(hidden[:, :-1], ref_hidden[:, :-1], _answer_positions(batch))
+
+
+@dataclass(frozen=True)
+class RetainLoss:
+    loss: Callable[..., torch.Tensor]
+    needs_reference: bool = False
+
+
+RETAIN_LOSSES: dict[str, RetainLoss | None] = {
+    "kl": RetainLoss(_retain_kl, needs_reference=True),
+    "nll": RetainLoss(_retain_nll),
+    "activation": RetainLoss(_retain_activation, needs_reference=True),  # RMU's original retain loss
+    "none": None,
+}
+
+
+# ---- the run ------------------------------------------------------------------------------------------------
+
+def control_vector(hidden_size: int, steer: float, seed: int) -> torch.Tensor:
+    """c·u with u a fixed random unit vector drawn from the seed."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(hidden_size, generator=g)
+    return steer * u / u.norm()
+
+
+def freeze_for_rmu(model, cfg: UnlearnConfig) -> list[torch.nn.Parameter]:
+    """Only the chosen decoder layers are trained; no gradient is computed for the rest."""
+    layers = model.base_model.layers
+    chosen = cfg.rmu_update_layers or list(range(max(0, cfg.rmu_layer - 3), cfg.rmu_layer))
+    if any(not 0 <= i < len(layers) for i in chosen) or cfg.rmu_layer > len(layers):
+        raise ParamError(f"unlearn rmu layers {chosen} / rmu_layer={cfg.rmu_layer}: the model has {len(layers)} layers")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    params = [p for i in chosen for p in layers[i].parameters()]
+    for p in params:
+        p.requires_grad_(True)
+    return params
+
+
+def make_loss_fn(cfg: UnlearnConfig, reference) -> Callable:
+    method, retain = METHODS[cfg.method], cfg.retain
+
+    def loss_fn(model, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        f = batch["forget"]
+        out = model(input_ids=f["input_ids"], attention_mask=f["attention_mask"],
+                    output_hidden_states=method.needs_hidden)
+        labels = torch.where(f["scored"] > 0, f["input_ids"], torch.full_like(f["input_ids"], -100))
+        logp, _ = token_logp(out.logits, labels)
+        hidden = out.hidden_states[cfg.rmu_layer] if method.needs_hidden else None
+        forget = method.forget_loss(ForwardOut(logp, hidden), {**f, "control": batch.get("control")}, cfg)
+        loss, metrics = forget, {"forget_loss": forget.item()}
+        if retain is not None:
+            retain_value = retain.loss(model, reference, batch["retain"], cfg)
+            loss = loss + cfg.retain_weight * retain_value
+            metrics["retain_loss"] = retain_value.item()
+        return loss, metrics
+
+    return loss_fn
+
+
+def prepare_reference(model_path: str, ds_config: dict, device, trust_remote_code: bool):
+    """The frozen θ_o for the KL term, in the engine's precision (an fp32 reference beside a bf16 model would make
+    its forward pass the slowest part of a GPU step). Under ZeRO-3 it is held once, partitioned, in an inference
+    engine."""
+    dtype = torch.bfloat16 if ds_config["bf16"]["enabled"] else None
+    ref = load_model(model_path, dtype=dtype, trust_remote_code=trust_remote_code).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    if ds_config["zero_optimization"]["stage"] == 3:
+        import deepspeed
+
+        config = {k: v for k, v in ds_config.items() if k not in ("optimizer", "gradient_clipping")}
+        engine = deepspeed.initialize(model=ref, config=config)[0]
+        engine.eval()
+        return engine
+    return ref.to(device)
+
+
+def load_retain(cfg: UnlearnConfig, data: DataConfig, tokenizer, forget_split: str) -> list[EncodedSample]:
+    """The retain samples: question-answer rows of `retain_split`, or the passages of `retain_corpus` that are not
+    the forget split's."""
+    if not cfg.retain_corpus:
+        rows = load_split(data.source, cfg.retain_split)
+        return encode_rows(tokenizer, get_template(data.template), rows, data.max_length,
+                           f"{data.source}/{cfg.retain_split}", data.skip_too_long)
+    passages = load_passages(cfg.retain_corpus, forget_split, forget=False)
+    samples = encode_texts(tokenizer, (p["text"] for p in passages), data.max_length, cfg.retain_corpus,
+                           "retain passage", data.skip_too_long)
+    if not samples:
+        raise DataError(f"{cfg.retain_corpus}: every retain passage is longer than data.max_length")
+    return samples
+
+
+def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataConfig, model_path: str,
+                shard_dir: Path, out_dir: Path, ckpt_dir: Path, plot_file: Path, resume: bool) -> dict:
+    """Unlearn and write `out_dir/model` (safetensors), `out_dir/token_weights.parquet` (the weights used) and
+    the per-step total, forget and retain losses to `plot_file` (a DVC plot)."""
+    rank, world_size = init_distributed()
+    tokenizer = load_tokenizer(model_path, cfg.trust_remote_code)
+    forget = ForgetStream(shard_dir, cfg.weighting_spec, seed=train.seed)
+    retain = load_retain(cfg, data, tokenizer, forget.manifest["metadata"].get("split", ""))
+    schedule = StepSchedule(len(forget), train.micro_batch_size, train.grad_accum, world_size, train.seed,
+                            order=forget.epoch_order)
+    # Retain micro-batches follow their own schedule, paired with the forget micro-batches by position in
+    # the global batch, so N processes see what one process with N-fold accumulation sees.
+    retain_schedule = StepSchedule(len(retain), cfg.retain_batch_size or train.micro_batch_size, train.grad_accum,
+                                   world_size, train.seed + 1)
+    total_steps = max(1, math.ceil(train.epochs * schedule.steps_per_epoch))
+    ds_config = deepspeed_config(train, world_size, total_steps)
+    keep_alive = zero3_loading(ds_config)  # noqa: F841
+    model = load_model(model_path, trust_remote_code=cfg.trust_remote_code)
+    check_vocab(model, tokenizer, model_path)
+    forget.check_source(model, model_path, tokenizer)
+    params = freeze_for_rmu(model, cfg) if cfg.method == "rmu" else None
+    control = control_vector(model.config.hidden_size, cfg.rmu_steer, train.seed) if cfg.method == "rmu" else None
+    engine = Engine(model, train, total_steps, parameters=params)
+    reference = prepare_reference(model_path, ds_config, engine.device, cfg.trust_remote_code) \
+        if cfg.retain is not None and cfg.retain.needs_reference else None
+    log.info("unlearn %s: %s/%s, %d forget samples in %d shards, %d retain samples, %d steps", name, cfg.method,
+             cfg.weighting, len(forget), len(forget.files), len(retain), total_steps)
+
+    def batches_for_step(step: int) -> list[dict]:
+        out = []
+        for f_idx, r_idx in zip(schedule.micro_batches(step, rank), retain_schedule.micro_batches(step, rank)):
+            batch = {"forget": forget_batch(forget.get(f_idx), tokenizer.pad_token_id),
+                     "retain": pad_batch([retain[i] for i in r_idx], tokenizer.pad_token_id)}
+            if control is not None:
+                batch["control"] = control
+            out.append(batch)
+        return out
+
+    run_id = fingerprint({"name": name, "cfg": asdict(cfg), "train": asdict(train), "model": model_path,
+                          "world_size": world_size, "shards": forget.manifest["shards"]})
+    history = train_loop(engine, batches_for_step, make_loss_fn(cfg, reference), ckpt_dir, run_id, resume,
+                         desc=f"unlearn {name}")
+
+    def write(state_dict: dict | None) -> None:
+        with atomic_dir(out_dir) as tmp:
+            write_model(engine.module, tokenizer, tmp / "model", state_dict)
+            write_token_weights(forget, tmp / "token_weights.parquet")
+        write_history(history, plot_file)
+
+    engine.finish(write, ckpt_dir)
+    return {"name": name, "method": cfg.method, "weighting": cfg.weighting, "steps": total_steps,
+            "final": history[-1] if history else None}

@@ -1,0 +1,86 @@
+"""Every unlearning loss on a small hand-computed case."""
+
+import math
+
+import pytest
+import torch
+
+from pipeline.training.losses import (activation_matching_loss, forward_kl_loss, ga_token_loss, nll_loss,
+                                      npo_sequence_loss, npo_token_loss, rmu_token_loss, token_logp,
+                                      weighted_sample_mean, wga_token_loss)
+
+LOG_HALF, LOG_QUARTER = math.log(0.5), math.log(0.25)
+
+
+def test_weighted_sample_mean_uniform_hard_soft():
+    losses = torch.tensor([[1.0, 2.0, 3.0, 0.0], [4.0, 8.0, 0.0, 0.0]])
+    uniform = torch.tensor([[1.0, 1, 1, 0], [1, 1, 0, 0]])
+    assert weighted_sample_mean(losses, uniform).item() == pytest.approx((2.0 + 6.0) / 2)
+    hard = torch.tensor([[0.0, 0, 1, 0], [0, 1, 0, 0]])
+    assert weighted_sample_mean(losses, hard).item() == pytest.approx((3.0 + 8.0) / 2)
+    soft = torch.tensor([[0.2, 0.3, 0.5, 0], [0.75, 0.25, 0, 0]])
+    assert weighted_sample_mean(losses, soft).item() == pytest.approx((0.2 + 0.6 + 1.5 + 3.0 + 2.0) / 2)
+    empty = torch.tensor([[0.0, 0, 0, 0], [1, 1, 0, 0]])
+    assert weighted_sample_mean(losses, empty).item() == pytest.approx(6.0)  # the sample with no weight is left out
+
+
+def test_ga_and_wga():
+    logp = torch.tensor([[LOG_HALF, LOG_QUARTER]], requires_grad=True)
+    assert ga_token_loss(logp)[0].tolist() == pytest.approx([LOG_HALF, LOG_QUARTER])
+    wga = wga_token_loss(logp, gamma=1.0)
+    assert wga[0].tolist() == pytest.approx([0.5 * LOG_HALF, 0.25 * LOG_QUARTER])
+    wga.sum().backward()
+    assert logp.grad[0].tolist() == pytest.approx([0.5, 0.25])  # the factor p^γ is detached
+    expected = [0.25 * LOG_HALF, 0.0625 * LOG_QUARTER]
+    assert wga_token_loss(logp.detach(), gamma=2.0)[0].tolist() == pytest.approx(expected)
+
+
+def test_npo_token_loss():
+    # p = 0.5, p_ref = 0.25, β = 1: (2/1)·log(1 + 2) ; β = 0.5: 4·log(1 + √2)
+    logp, ref = torch.tensor([[LOG_HALF]]), torch.tensor([[LOG_QUARTER]])
+    assert npo_token_loss(logp, ref, beta=1.0).item() == pytest.approx(2 * math.log(3))
+    assert npo_token_loss(logp, ref, beta=0.5).item() == pytest.approx(4 * math.log(1 + math.sqrt(2)))
+    # at p = p_ref the loss is (2/β)·log 2
+    assert npo_token_loss(ref, ref, beta=0.1).item() == pytest.approx(20 * math.log(2))
+
+
+def test_npo_sequence_loss_sums_log_probabilities():
+    logp = torch.tensor([[LOG_HALF, LOG_HALF, 0.0]])
+    ref = torch.tensor([[LOG_QUARTER, LOG_HALF, 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    # Σ(log p − log p_ref) = log 2; −(2/β)·log σ(−β·log 2) with β = 1: 2·log(1 + 2)
+    assert npo_sequence_loss(logp, ref, mask, beta=1.0).item() == pytest.approx(2 * math.log(3))
+
+
+def test_rmu_token_loss():
+    hidden = torch.tensor([[[1.0, 2.0], [0.0, 0.0]]])
+    control = torch.tensor([3.0, 0.0])
+    assert rmu_token_loss(hidden, control)[0].tolist() == pytest.approx([(4 + 4) / 2, (9 + 0) / 2])
+
+
+def test_forward_kl_and_nll():
+    ref = torch.log(torch.tensor([[[0.5, 0.5], [0.9, 0.1]]]))
+    cur = torch.log(torch.tensor([[[0.25, 0.75], [0.9, 0.1]]]))
+    mask = torch.tensor([[1.0, 1.0]])
+    expected = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)  # the second position has KL 0
+    assert forward_kl_loss(ref, cur, mask).item() == pytest.approx(expected)
+    assert forward_kl_loss(ref, ref, mask).item() == pytest.approx(0.0, abs=1e-7)
+    assert nll_loss(torch.tensor([[LOG_HALF, LOG_QUARTER, 9.0]]), torch.tensor([[1.0, 1, 0]])).item() == \
+        pytest.approx(-(LOG_HALF + LOG_QUARTER) / 2)
+
+
+def test_token_logp_aligns_with_labels():
+    logits = torch.log(torch.tensor([[[0.5, 0.5], [0.25, 0.75], [0.9, 0.1]]]))
+    labels = torch.tensor([[-100, 1, 0]])
+    logp, mask = token_logp(logits, labels)
+    assert mask.tolist() == [[False, True, True]]
+    assert logp[0].tolist() == pytest.approx([0.0, LOG_HALF, math.log(0.25)])
+
+
+def test_activation_matching_is_the_masked_mean_of_per_position_mse():
+    hidden = torch.tensor([[[1.0, 3.0], [0.0, 0.0], [5.0, 5.0]]])
+    ref = torch.tensor([[[0.0, 1.0], [2.0, 2.0], [0.0, 0.0]]])
+    # per position: (1 + 4)/2 = 2.5, (4 + 4)/2 = 4, (25 + 25)/2 = 25; the third position is masked out
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    assert activation_matching_loss(hidden, ref, mask).item() == pytest.approx((2.5 + 4.0) / 2)
+    assert activation_matching_loss(ref, ref, mask).item() == 0.0

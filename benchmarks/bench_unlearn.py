@@ -33,8 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _models import random_llama_config  # noqa: E402  (beside this script)
-from pipeline.data.batching import StepSchedule  # noqa: E402
 from pipeline.common.distributed import init_distributed  # noqa: E402
+from pipeline.data.batching import StepSchedule  # noqa: E402
 from pipeline.training.engine import Engine, TrainConfig  # noqa: E402
 from pipeline.training.forget_stream import ForgetStream, forget_batch  # noqa: E402
 from pipeline.training.losses import token_logp  # noqa: E402

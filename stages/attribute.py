@@ -10,29 +10,31 @@ from pathlib import Path
 import click
 
 from pipeline.attribution.run import AttributionConfig, run_attribution
-from pipeline.data.config import DataConfig
-from pipeline.common.params import load_params, section
 from pipeline.attribution.tagging import trankit_cache_dir
+from pipeline.common.atomic import hold_outputs
+from pipeline.common.distributed import init_distributed
+from pipeline.common.params import section
+from pipeline.data.config import DataConfig
 
-from .options import overlay_option, params_option
+from .options import params_options
 
 log = logging.getLogger(__name__)
 
 
 @click.command("attribute")
-@params_option
-@overlay_option
+@params_options
 @click.option("--out", default="artifacts/attribution", show_default=True, type=click.Path(file_okay=False),
-              help="Shard directory (Parquet shards and manifest.json).")
+              help="Shard directory (Parquet shards and _manifest.json).")
 @click.option("--metrics", default="artifacts/metrics/attribution.json", show_default=True,
               type=click.Path(dir_okay=False), help="Counts and attribution quality (DVC metrics).")
 @click.option("--local_rank", "--local-rank", type=int, default=None, hidden=True)
-def command(params_file: str, overlay, out: str, metrics: str, local_rank) -> None:
+def command(params: dict, out: str, metrics: str, local_rank) -> None:
     """Tag nouns, run the original and masked passes, write Δ, H and φ per token (params: attribution, data)."""
-    params = load_params(params_file, overlay)
     cfg = AttributionConfig.from_params(section(params, "attribution"))
     data = DataConfig.from_params(section(params, "data"))
-    summary = run_attribution(cfg, data, Path(out), Path(metrics))
+    init_distributed()
+    with hold_outputs(out):
+        summary = run_attribution(cfg, data, Path(out), Path(metrics))
     log.info("attribute done: %s", json.dumps({k: v for k, v in summary.items() if k != "metadata"}))
 
 

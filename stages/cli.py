@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -15,7 +16,7 @@ from . import attribute, check_models, evaluate, finetune, inspect, report, toke
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging (and a traceback with every error).")
 @click.option("--local_rank", "--local-rank", type=int, default=None, hidden=True,
               help="Set by the `deepspeed` launcher.")
 def cli(verbose: bool, local_rank: int | None) -> None:
@@ -34,22 +35,54 @@ for command in (world.command, tokenizer.command, finetune.command, check_models
                 report.command, tune.command):
     cli.add_command(command)
 
+# Errors of the machine, not of the code: a full disk, a missing permission. One line each, as user errors.
+SYSTEM_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                 errno.EACCES: "permission denied", errno.EROFS: "read-only file system"}
+
+
+def _end_progress_bars() -> None:
+    """Close the bars a failed stage left open, so its error starts on a line of its own."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
+
+
+def _error(message: str) -> None:
+    _end_progress_bars()
+    click.echo(f"tokenunlearn: error: {message}", err=True)
+
+
+def run(args: list[str] | None = None) -> int:
+    """Run the command line and return its exit status: 0, 2 for an error of the user's input or machine (printed
+    as one line, nothing half-written), 1 for an abort."""
+    try:
+        cli.main(args=args, prog_name="tokenunlearn", standalone_mode=False)
+    except TokenUnlearnError as e:
+        _error(str(e))
+        return 2
+    except OSError as e:
+        if e.errno not in SYSTEM_ERRNOS or "-v" in (args or sys.argv) or "--verbose" in (args or sys.argv):
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        _error(f"{where}{SYSTEM_ERRNOS[e.errno]} ({e.strerror}); the stage stopped and left no half-written "
+               "output: free space (or fix the permission) and run it again")
+        return 2
+    except click.exceptions.Abort:
+        click.echo("Aborted!", err=True)
+        return 1
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    return 0
+
 
 def main() -> None:
     try:
-        cli.main(prog_name="tokenunlearn", standalone_mode=False)
-    except TokenUnlearnError as e:
-        # A user error: one line, no traceback.
-        click.echo(f"tokenunlearn: error: {e}", err=True)
-        sys.exit(2)
-    except click.exceptions.Abort:
-        click.echo("Aborted!", err=True)
-        sys.exit(1)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
+        status = run()
     finally:
         shutdown_distributed()
+    sys.exit(status)
 
 
 if __name__ == "__main__":

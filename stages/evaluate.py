@@ -5,32 +5,33 @@ from pathlib import Path
 
 import click
 
+from pipeline.common.atomic import hold_outputs
 from pipeline.evaluation.evaluate import eval_config, evaluate_path
-from pipeline.common.params import load_params
 
-from .options import overlay_option, params_option
+from .options import params_options
 
 log = logging.getLogger(__name__)
 
 
 @click.command("evaluate")
 @click.argument("name")
-@params_option
-@overlay_option
+@params_options
 @click.option("--model", "model_path", required=True,
               help="A model directory (safetensors) or hub name, or an unlearning run's directory "
-                   "(artifacts/unlearn/t_npo: every seed{S}/model in it).")
+                   "(artifacts/unlearn/t_npo: every seed{S}/model in it, once the run is complete).")
 @click.option("--out", type=click.Path(file_okay=False), help="Output directory [artifacts/eval/NAME].")
 @click.option("--metrics", type=click.Path(dir_okay=False), help="Summary JSON [artifacts/metrics/eval/NAME.json].")
 @click.option("--retain-results", type=click.Path(file_okay=False),
               help="The retain model's evaluation directory, for forget quality (the --out of its evaluation; "
                    "the same as --out when NAME is the retain model). Left out: no forget quality.")
-def command(name, params_file, overlay, model_path, out, metrics, retain_results) -> None:
+def command(name, params: dict, model_path, out, metrics, retain_results) -> None:
     """Evaluate model NAME (or each seed of run NAME) on the TOFU sets and the multiple-choice sets (params:
     evaluate, data)."""
-    cfg = eval_config(load_params(params_file, overlay))
+    cfg = eval_config(params)
     out_dir = Path(out or f"artifacts/eval/{name}")
-    summary = evaluate_path(model_path, cfg, out_dir, Path(retain_results) if retain_results else None,
-                             Path(metrics or f"artifacts/metrics/eval/{name}.json"))
+    metrics_file = Path(metrics or f"artifacts/metrics/eval/{name}.json")
+    with hold_outputs(out_dir):
+        summary = evaluate_path(model_path, cfg, out_dir, Path(retain_results) if retain_results else None,
+                                metrics_file, name)
     keys = ("forget_es", "retain_es", "model_utility", "log10_forget_quality", "seconds")
     log.info("evaluate %s: %s", name, {k: summary[k] for k in keys if k in summary})

@@ -10,18 +10,18 @@ from pathlib import Path
 
 import click
 
-from pipeline.common.params import load_params
+from pipeline.common.atomic import hold_outputs
+from pipeline.common.distributed import init_distributed
 from pipeline.training.finetune import job_from_params, run_finetune
 
-from .options import overlay_option, params_option
+from .options import params_options
 
 log = logging.getLogger(__name__)
 
 
 @click.command("finetune")
 @click.argument("name")
-@params_option
-@overlay_option
+@params_options
 @click.option("--out", type=click.Path(file_okay=False), help="Model directory [artifacts/models/NAME].")
 @click.option("--checkpoints", type=click.Path(file_okay=False),
               help="Checkpoint directory [artifacts/checkpoints/NAME].")
@@ -29,14 +29,13 @@ log = logging.getLogger(__name__)
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Continue from a checkpoint of the same run, if there is one.")
 @click.option("--local_rank", "--local-rank", type=int, default=None, hidden=True)
-def command(name, params_file, overlay, out, checkpoints, plot, resume, local_rank) -> None:
+def command(name, params: dict, out, checkpoints, plot, resume, local_rank) -> None:
     """Finetune model NAME as `finetune.models.NAME` in the params says (init, splits, train overrides)."""
-    job = job_from_params(load_params(params_file, overlay), name)
-    summary = run_finetune(
-        job,
-        out_dir=Path(out or f"artifacts/models/{name}"),
-        ckpt_dir=Path(checkpoints or f"artifacts/checkpoints/{name}"),
-        plot_file=Path(plot or f"artifacts/plots/finetune/{name}.csv"),
-        resume=resume,
-    )
+    job = job_from_params(params, name)
+    out_dir = Path(out or f"artifacts/models/{name}")
+    ckpt_dir = Path(checkpoints or f"artifacts/checkpoints/{name}")
+    plot_file = Path(plot or f"artifacts/plots/finetune/{name}.csv")
+    init_distributed()
+    with hold_outputs(out_dir, ckpt_dir):
+        summary = run_finetune(job, out_dir, ckpt_dir, plot_file, resume)
     log.info("finetune %s done: %s", name, json.dumps(summary))

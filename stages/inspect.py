@@ -6,9 +6,9 @@ import sys
 
 import click
 
-from pipeline.common.atomic import atomic_file
 from pipeline.attribution.inspect import find_sample, render_html, render_terminal, token_table
 from pipeline.attribution.shards import iter_rows
+from pipeline.common.atomic import atomic_file
 
 log = logging.getLogger(__name__)
 

@@ -1,16 +1,34 @@
 """Options shared by the stage commands."""
 
+import functools
+
 import click
 
-params_option = click.option(
-    "--params", "params_file", default="params.yaml", show_default=True, type=click.Path(dir_okay=False),
-    help="The params file (DVC's params.yaml).",
-)
+from pipeline.common.params import load_params
 
-overlay_option = click.option(
-    "--overlay", default=None, metavar="SECTION",
-    help="Apply the params' overlay SECTION first (e.g. corpus: the WMDP-style run's changes to the sections).",
-)
+_PARAMS_OPTIONS = [
+    click.option("--params", "params_file", default="params.yaml", show_default=True,
+                 type=click.Path(dir_okay=False), help="The params file (DVC's params.yaml)."),
+    click.option("--overlay", "overlays", multiple=True, metavar="SECTION",
+                 help="Apply the params' overlay SECTION first (e.g. corpus: the WMDP-style run's changes to the "
+                      "sections); repeatable, applied in order."),
+    click.option("-S", "--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                 help="Set one param after the overlays, as `dvc exp run -S` does, e.g. -S unlearn.train.lr=1e-4 "
+                      "(the value is YAML); repeatable."),
+]
+
+
+def params_options(command):
+    """--params, --overlay and -S; the command receives `params`, the file with its overlays and overrides."""
+
+    @functools.wraps(command)
+    def wrapper(*args, params_file, overlays, overrides, **kwargs):
+        return command(*args, params=load_params(params_file, overlays, overrides), **kwargs)
+
+    for option in reversed(_PARAMS_OPTIONS):
+        wrapper = option(wrapper)
+    return wrapper
+
 
 shards_option = click.option(
     "--shards", default="artifacts/attribution", show_default=True, type=click.Path(file_okay=False),

@@ -5,34 +5,34 @@ from pathlib import Path
 
 import click
 
+from pipeline.common.atomic import hold_outputs
 from pipeline.common.errors import ParamError
-from pipeline.common.params import load_params, section
+from pipeline.common.params import check_keys, section
 from pipeline.evaluation.report import load_ablations, load_rows, write_report
 
-from .options import overlay_option, params_option
+from .options import params_options
 
 log = logging.getLogger(__name__)
 
 
 @click.command("report")
-@params_option
-@overlay_option
+@params_options
 @click.option("--metrics-dir", default="artifacts/metrics/eval", show_default=True, type=click.Path(file_okay=False),
               help="The evaluation summaries, NAME.json for target, retain and each unlearning run.")
 @click.option("--out", default="artifacts/report", show_default=True, type=click.Path(file_okay=False),
               help="results.md, results.csv and the PNG plots.")
 @click.option("--plots", default="artifacts/plots/report", show_default=True, type=click.Path(file_okay=False),
               help="The plots' data as CSV, for `dvc plots show`.")
-def command(params_file, overlay, metrics_dir, out, plots) -> None:
+def command(params: dict, metrics_dir, out, plots) -> None:
     """Results table and plots of the target, the retain model and the runs of unlearn.runs (params: report)."""
-    params = load_params(params_file, overlay)
     runs, defaults = section(params, "unlearn.runs"), section(params, "unlearn.defaults")
+    check_keys(section(params, "report"), ("table", "ablations"), "report")
     table = section(params, "report.table")
     unknown = [n for n in table if n not in runs]
     if unknown:
         raise ParamError(f"report.table: {unknown} are not runs of unlearn.runs")
     rows = load_rows(Path(metrics_dir), {n: runs[n] for n in table}, defaults)
-    ablations = load_ablations(Path(metrics_dir), section(params, "report.ablations") or {}, runs,
-                                defaults)
-    write_report(rows, Path(out), Path(plots), ablations)
+    ablations = load_ablations(Path(metrics_dir), section(params, "report.ablations") or {}, runs, defaults)
+    with hold_outputs(out, plots):
+        write_report(rows, Path(out), Path(plots), ablations)
     log.info("report of %d models in %s/results.md", len(rows), out)

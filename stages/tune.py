@@ -7,23 +7,22 @@ from pathlib import Path
 
 import click
 
-from pipeline.common.atomic import atomic_file
+from pipeline.common.atomic import atomic_file, hold_outputs
 from pipeline.common.errors import DataError, ParamError
-from pipeline.evaluation.evaluate import eval_config, evaluate_model
+from pipeline.common.params import section
 from pipeline.data.config import DataConfig
-from pipeline.common.params import load_params, section
+from pipeline.evaluation.evaluate import eval_config, evaluate_model, load_inputs
 from pipeline.training.tuning import TuneConfig, choice_table, plot_tradeoff, tune_group
 from pipeline.training.unlearn import run_configs, run_unlearn
 
-from .options import overlay_option, params_option, shards_option
+from .options import params_options, shards_option
 
 log = logging.getLogger(__name__)
 
 
 @click.command("tune")
 @click.argument("group")
-@params_option
-@overlay_option
+@params_options
 @shards_option
 @click.option("--out", type=click.Path(file_okay=False),
               help="Output directory [artifacts/tuning/GROUP]: choice.json, choice.md, tradeoff.png, "
@@ -32,10 +31,9 @@ log = logging.getLogger(__name__)
               type=click.Path(dir_okay=False), help="The target model's evaluation summary (its model utility).")
 @click.option("--retain-results", default="artifacts/eval/retain", show_default=True,
               type=click.Path(file_okay=False), help="The retain model's evaluation, for forget quality.")
-def command(group, params_file, overlay, shards, out, target_results, retain_results) -> None:
+def command(group, params: dict, shards, out, target_results, retain_results) -> None:
     """Tune the learning rate of each run of tune.groups.GROUP; write the choice (then copy it into
     unlearn.runs.RUN.train.lr)."""
-    params = load_params(params_file, overlay)
     cfg = TuneConfig.from_params(section(params, "tune"))
     if group not in cfg.groups:
         raise ParamError(f"tune.groups: no group named '{group}' (have {sorted(cfg.groups)})")
@@ -47,20 +45,21 @@ def command(group, params_file, overlay, shards, out, target_results, retain_res
     except (OSError, ValueError, KeyError) as e:
         raise DataError(f"{target_results}: the target's evaluation with its model_utility is needed "
                         f"(DVC stage evaluate_target): {e}") from None
+    eval_cfg = eval_config(params)
+    inputs = load_inputs(eval_cfg, Path(retain_results))  # every evaluation input, checked before the first trial
 
     def unlearn_one(name, ucfg, train, work: Path) -> None:
         run_unlearn(name, ucfg, train, data, model_path, Path(shards), work, work / "checkpoints",
                     work / "losses.csv", resume=False)
 
-    eval_cfg = eval_config(params)
-
     def evaluate_one(model_dir: Path, eval_dir: Path) -> dict:
-        return evaluate_model(str(model_dir), eval_cfg, eval_dir, Path(retain_results))
+        return evaluate_model(str(model_dir), eval_cfg, eval_dir, Path(retain_results), inputs)
 
     out_dir = Path(out or f"artifacts/tuning/{group}")
-    result = tune_group(group, runs, cfg, unlearn_one, evaluate_one, target_utility, out_dir)
-    table = choice_table(result)
-    with atomic_file(out_dir / "choice.md") as f:
-        f.write(table)
-    plot_tradeoff(result, out_dir / "tradeoff.png")
+    with hold_outputs(out_dir):
+        result = tune_group(group, runs, cfg, unlearn_one, evaluate_one, target_utility, out_dir)
+        table = choice_table(result)
+        with atomic_file(out_dir / "choice.md") as f:
+            f.write(table)
+        plot_tradeoff(result, out_dir / "tradeoff.png")
     log.info("tune %s:\n%s", group, table)

@@ -5,23 +5,25 @@ from pathlib import Path
 
 import click
 
-from pipeline.common.params import dataclass_from_params, load_params, section
+from pipeline.common.atomic import hold_outputs
+from pipeline.common.params import dataclass_from_params, section
 from pipeline.data.world import WorldConfig, WorldSpec, generate_world, write_world
 
-from .options import params_option
+from .options import params_options
 
 log = logging.getLogger(__name__)
 
 
 @click.command("make-world")
-@params_option
+@params_options
 @click.option("--lexicon", default="data/world", show_default=True, type=click.Path(file_okay=False),
               help="Directory with lexicon.json and templates.json.")
 @click.option("--out", default="artifacts/world", show_default=True, type=click.Path(file_okay=False),
               help="Output directory: one <split>.json per TOFU split, plus annotations, authors, biographies.")
-def command(params_file: str, lexicon: str, out: str) -> None:
+def command(params: dict, lexicon: str, out: str) -> None:
     """Generate the fictitious world from a seed (params: world)."""
-    cfg = dataclass_from_params(WorldConfig, section(load_params(params_file), "world"), "world")
+    cfg = dataclass_from_params(WorldConfig, section(params, "world"), "world")
     world = generate_world(WorldSpec.load(lexicon), cfg)
-    write_world(world, Path(out))
+    with hold_outputs(out):
+        write_world(world, Path(out))
     log.info("wrote %s: %s", out, ", ".join(f"{k}={v}" for k, v in world.manifest["counts"].items()))

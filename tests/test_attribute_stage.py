@@ -6,9 +6,9 @@ import pytest
 import yaml
 
 from pipeline.attribution.run import AttributionConfig, mask_token_id, run_attribution
+from pipeline.attribution.shards import MANIFEST, read_manifest, read_table
 from pipeline.common.errors import DataError, ParamError
 from pipeline.data.config import DataConfig
-from pipeline.attribution.shards import MANIFEST, read_manifest, read_table
 
 from .conftest import ATTRIBUTION, run_two_processes
 

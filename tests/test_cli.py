@@ -29,9 +29,10 @@ def _run(args, cwd):
     "params, message",
     [
         ({"world": {"n_authors": 1, "questions_per_author": 2}}, "world.n_authors=1: must be between 3 and 2000"),
-        ({"world": {"n_author": 5}}, "world: unknown parameter(s) ['n_author'] (known: ['n_authors', "),
+        ({"world": {"n_author": 5}}, "world.n_author: unknown parameter (known: ['n_authors', "),
         ({"world": {"n_authors": "ten"}}, "world.n_authors='ten': expected int"),
-        ({"other": 1}, "params: missing key 'world'"),
+        ({"other": 1}, "params.yaml: unknown section 'other'; sections are ['world', "),
+        ({"data": {"source": "x"}}, "params: missing key 'world'"),
     ],
 )
 def test_bad_params_give_one_line_errors(tmp_path, params, message):

@@ -57,13 +57,18 @@ def test_dvc_repro_micro_world(tmp_path):
         AutoModelForCausalLM.from_pretrained(proj / "artifacts/models" / name, use_safetensors=True)
     assert "up to date" in _dvc(["status", "dvc.yaml"], proj)
 
-    # A rerun of a stage gives the same model, byte for byte (dvc.lock records the same hash).
-    lock_before = yaml.safe_load((proj / "dvc.lock").read_text())["stages"]["finetune@target"]["outs"]
+    # A rerun of a stage gives the same model, byte for byte (dvc.lock records the same hash; its loss curve
+    # differs in the step times alone).
+    def model_hash():
+        outs = yaml.safe_load((proj / "dvc.lock").read_text())["stages"]["finetune@target"]["outs"]
+        return [o["md5"] for o in outs if o["path"] == "artifacts/models/target"]
+
+    before = model_hash()
     _dvc(["repro", "--force", "--single-item", "finetune@target"], proj)
-    lock_after = yaml.safe_load((proj / "dvc.lock").read_text())["stages"]["finetune@target"]["outs"]
-    assert lock_after == lock_before
+    assert model_hash() == before and len(before) == 1
 
     assert (proj / "artifacts/unlearn/s_wga/seed1/token_weights.parquet").is_file()
+    assert json.loads((proj / "artifacts/unlearn/s_wga/complete.json").read_text())["seeds"] == [0, 1]
     for name in ("target", "retain", "npo", "s_wga"):
         summary = json.loads((proj / f"artifacts/metrics/eval/{name}.json").read_text())
         assert {"forget_es", "retain_es", "model_utility", "log10_forget_quality", "mc_world_forget"} <= set(summary)

@@ -5,12 +5,11 @@ import pytest
 import torch
 import yaml
 
-from pipeline.data.batching import StepSchedule, pad_batch
-from pipeline.training.engine import TrainConfig, deepspeed_config, lr_schedule
 from pipeline.common.errors import ParamError
-from pipeline.training.finetune import run_finetune
+from pipeline.data.batching import StepSchedule, pad_batch
 from pipeline.data.templates import IGNORE_INDEX, TEMPLATES, encode_qa
-from stages.finetune import job_from_params
+from pipeline.training.engine import TrainConfig, deepspeed_config, lr_schedule
+from pipeline.training.finetune import job_from_params, run_finetune
 
 from .conftest import load_weights, micro_params, read_curve, run_two_processes
 
@@ -135,3 +134,28 @@ def test_a_non_finite_loss_stops_the_run_and_writes_no_model(micro_world_dir, mi
     with pytest.raises(TrainingDiverged, match="step 1: non-finite loss .* no checkpoint was written yet"):
         _finetune(micro_params(micro_world_dir, micro_tokenizer_dir), tmp_path, "nan")
     assert not (tmp_path / "nan" / "model").exists()
+
+
+def test_training_length_and_warmup_in_steps():
+    by_epochs = TrainConfig.from_params({"epochs": 2.5, "warmup_ratio": 0.2}, "t")
+    assert by_epochs.total_steps(steps_per_epoch=4) == 10 and by_epochs.warmup(10) == 2
+    by_steps = TrainConfig.from_params({"epochs": 2.5, "max_steps": 7, "warmup_ratio": 0.2, "warmup_steps": 3}, "t")
+    assert by_steps.total_steps(steps_per_epoch=4) == 7 and by_steps.warmup(7) == 3  # steps win, as transformers
+    schedule = lr_schedule(by_steps, 7)(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0))
+    lrs = []
+    for _ in range(7):
+        lrs.append(schedule.get_last_lr()[0])
+        schedule.step()
+    assert lrs[:4] == pytest.approx([0, 1 / 3, 2 / 3, 1.0]) and lrs[6] == pytest.approx(1 / 4)
+    with pytest.raises(ParamError, match=r"t.max_steps=-1: must be at least 0"):
+        TrainConfig.from_params({"max_steps": -1}, "t")
+
+
+def test_the_loss_curve_has_each_steps_time_and_tokens_per_second(micro_world_dir, micro_tokenizer_dir, tmp_path):
+    import csv
+
+    params = micro_params(micro_world_dir, micro_tokenizer_dir, max_steps=3)
+    _finetune(params, tmp_path, "timed")
+    rows = list(csv.DictReader(open(tmp_path / "timed" / "loss.csv")))
+    assert len(rows) == 3  # max_steps, not the 2 epochs
+    assert all(float(r["step_seconds"]) > 0 and float(r["tokens_per_second"]) > 0 for r in rows)

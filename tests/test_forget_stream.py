@@ -7,12 +7,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.data.batching import StepSchedule
-from pipeline.common.errors import DataError
-from pipeline.training.forget_stream import ForgetStream, Weighting, forget_batch, write_token_weights
 from pipeline.attribution.shards import _sha256, read_table
 from pipeline.attribution.signals import attribution_score
 from pipeline.attribution.weights import token_weights
+from pipeline.common.errors import DataError
+from pipeline.data.batching import StepSchedule
+from pipeline.training.forget_stream import ForgetStream, Weighting, forget_batch, write_token_weights
 
 from .synthetic import write_synthetic_shards
 

@@ -3,10 +3,10 @@
 import pytest
 
 from pipeline.attribution.run import AttributionConfig
-from pipeline.training.engine import TrainConfig
-from pipeline.evaluation.evaluate import EvalConfig
-from pipeline.data.config import DataConfig
 from pipeline.common.params import load_params, section
+from pipeline.data.config import DataConfig
+from pipeline.evaluation.evaluate import EvalConfig
+from pipeline.training.engine import TrainConfig
 from pipeline.training.unlearn import UnlearnConfig
 
 from .conftest import REPO

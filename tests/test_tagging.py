@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from pipeline.common.errors import ParamError
 from pipeline.attribution.tagging import CachedTagger, SpacyTagger, TrankitTagger, make_tagger, tag_cache_file
+from pipeline.common.errors import ParamError
 
 from .conftest import TOFU_DIR, requires_tofu
 

@@ -7,9 +7,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipeline.training.engine import TrainConfig
 from pipeline.common.errors import DataError, ParamError
 from pipeline.data.config import DataConfig
+from pipeline.training.engine import TrainConfig
 from pipeline.training.forget_stream import ForgetStream
 from pipeline.training.unlearn import METHODS, UnlearnConfig, load_retain, run_configs, run_unlearn
 
@@ -72,7 +72,7 @@ def test_shards_of_another_model_are_refused(attribution_dir, micro_tokenizer, m
 
 
 def test_unknown_method_is_an_error():
-    with pytest.raises(ParamError, match=r"u.method='dpo': out of range \(choose from"):
+    with pytest.raises(ParamError, match=r"u.method='dpo': must be one of \['ga', "):
         UnlearnConfig.from_params({"method": "dpo"}, "u")
 
 
@@ -180,3 +180,32 @@ def test_corpus_unlearning_keeps_the_other_authors_passages(micro_world_dir, mic
     assert any(not torch.equal(before[k], after[k]) for k in before)
     weights = pq.read_table(out / "token_weights.parquet").to_pylist()
     assert len(weights) == 1  # the forget10 author's passage
+
+
+def test_graddiff_uses_its_own_retain_term_and_says_so():
+    params = {"unlearn": {"train": TRAIN, "defaults": {"retain_loss": "kl", "retain_weight": 0.1},
+                          "runs": {"graddiff": {"method": "graddiff"}, "ga": {"method": "ga"},
+                                   "gd_half": {"method": "graddiff", "retain_weight": 0.5},
+                                   "gd_kl": {"method": "graddiff", "retain_loss": "kl"}}}}
+    graddiff, _ = run_configs(params, "graddiff")
+    assert (graddiff.retain_loss, graddiff.retain_weight) == ("nll", 1.0)  # GA + NLL, equally weighted
+    assert (run_configs(params, "ga")[0].retain_loss, run_configs(params, "ga")[0].retain_weight) == ("kl", 0.1)
+    assert run_configs(params, "gd_half")[0].retain_weight == 0.5  # a run may change its λ
+    with pytest.raises(ParamError, match=r"unlearn.runs.gd_kl.retain_loss='kl': method graddiff has its own retain "
+                                         r"term, nll"):
+        run_configs(params, "gd_kl")
+
+
+def test_a_runs_record_depends_only_on_the_params_its_weights_use():
+    from pipeline.training.unlearn import params_used
+
+    def used(**kw):
+        return params_used(UnlearnConfig(**kw))
+
+    assert used(method="npo", weighting="uniform", tau=0.5) == used(method="npo", weighting="uniform", tau=1.0)
+    assert used(method="npo", weighting="hard", tau=0.5) == used(method="npo", weighting="hard", tau=1.0)
+    assert used(method="npo", weighting="soft", tau=0.5) != used(method="npo", weighting="soft", tau=1.0)
+    assert used(method="ga", gamma=1.0) == used(method="ga", gamma=2.0)
+    assert used(method="wga", gamma=1.0) != used(method="wga", gamma=2.0)
+    assert used(method="ga", retain_weight=0.1) != used(method="ga", retain_weight=0.2)
+    assert used(method="ga", retain_loss="none", retain_split="x") == used(method="ga", retain_loss="none")

@@ -5,9 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.common.errors import ParamError
 from pipeline.attribution.signals import attribution_score, minmax
 from pipeline.attribution.weights import hard_weights, soft_weights, token_weights
+from pipeline.common.errors import ParamError
 
 
 def test_minmax():

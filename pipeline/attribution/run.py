@@ -7,14 +7,15 @@ one-process run.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import torch
 
 from pipeline import __version__
@@ -22,15 +23,15 @@ from pipeline.attribution.quality import attribution_quality
 from pipeline.attribution.shards import MANIFEST, ShardInfo, ShardWriter, write_manifest
 from pipeline.attribution.signals import AttributionInput, add_phi, build_qa_inputs, corpus_input, score_batch
 from pipeline.attribution.tagging import DEFAULT_UPOS, CachedTagger, make_tagger, tag_cache_file
-from pipeline.common.atomic import write_json
-from pipeline.common.distributed import init_distributed, is_main_process
+from pipeline.common.atomic import atomic_dir, write_json
+from pipeline.common.distributed import broadcast_from_main, init_distributed, is_main_process
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import check_vocab, load_model, load_tokenizer, model_hash, tokenizer_hash
-from pipeline.common.params import dataclass_from_params
+from pipeline.common.params import Rule, at_least, between, check_rules, dataclass_from_params, one_of
 from pipeline.common.paths import cache_dir
 from pipeline.data.config import DataConfig
 from pipeline.data.templates import get_template
-from pipeline.data.tofu import load_passages, load_split, read_json_records
+from pipeline.data.tofu import count_duplicates, load_passages, load_split, read_json_records
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +54,16 @@ class AttributionConfig:
     trust_remote_code: bool = False
 
     @classmethod
-    def from_params(cls, params: dict) -> "AttributionConfig":
-        cfg = dataclass_from_params(cls, params, "attribution")
-        checks = [("mode", cfg.mode in ("qa", "corpus")), ("alpha", 0 <= cfg.alpha <= 1),
-                  ("batch_size", cfg.batch_size >= 1), ("chunk_size", cfg.chunk_size >= 1),
-                  ("rows_per_shard", cfg.rows_per_shard >= 1), ("upos", bool(cfg.upos)),
-                  ("quality_r", all(0 < r <= 1 for r in cfg.quality_r)),
-                  ("corpus", cfg.mode == "qa" or bool(cfg.corpus))]
-        for name, ok in checks:
-            if not ok:
-                raise ParamError(f"attribution.{name}={getattr(cfg, name)!r}: out of range")
+    def from_params(cls, params: dict, where: str = "attribution") -> "AttributionConfig":
+        cfg = dataclass_from_params(cls, params, where)
+        rules = {"mode": one_of(["qa", "corpus"]), "tagger": one_of(["auto", "trankit", "spacy"]),
+                 "alpha": between(0, 1), "batch_size": at_least(1), "chunk_size": at_least(1),
+                 "rows_per_shard": at_least(1),
+                 "upos": Rule(lambda v: bool(v) and all(isinstance(u, str) for u in v), "a non-empty list of UPOS tags"),
+                 "quality_r": Rule(lambda v: all(0 < r <= 1 for r in v), "a list of fractions in (0, 1]")}
+        check_rules(cfg, rules, where)
+        if cfg.mode == "corpus" and not cfg.corpus:
+            raise ParamError(f"{where}.corpus: corpus mode needs a file of passages (JSON Lines with `text`)")
         return cfg
 
 
@@ -98,28 +99,43 @@ def load_records(cfg: AttributionConfig, data: DataConfig) -> tuple[list[dict], 
 
 
 def iter_input_windows(cfg: AttributionConfig, data: DataConfig, records: list[dict], tokenizer, tagger,
-                       mask_id: int, rank: int, world_size: int, window: int) -> Iterator[list[AttributionInput]]:
+                       mask_id: int, rank: int, world_size: int, window: int,
+                       skipped: list[int]) -> Iterator[list[AttributionInput]]:
     """This process's share of the samples (every world_size-th), tagged and encoded `window` at a time, so
-    memory does not grow with the dataset."""
+    memory does not grow with the dataset. A sample longer than `data.max_length` is an error naming it, or,
+    with `data.skip_too_long`, left out and its index added to `skipped`."""
     mine = list(range(rank, len(records), world_size))
     facts = _qa_facts(data.source) if cfg.mode == "qa" else None
     template = get_template(data.template)
+    where, what = (f"{data.source}/{cfg.split}", "row") if cfg.mode == "qa" else (cfg.corpus, "passage")
     for start in range(0, len(mine), window):
         ids = mine[start : start + window]
         recs = [records[i] for i in ids]
         if cfg.mode == "qa":
-            inputs = build_qa_inputs(recs, tokenizer, template, tagger, mask_id, data.max_length,
-                                     f"{data.source}/{cfg.split}", facts, row_indices=ids)
+            inputs = build_qa_inputs(recs, tokenizer, template, tagger, mask_id, facts, row_indices=ids)
         else:
             spans = tagger.noun_spans([r["text"] for r in recs])
-            inputs = []
-            for i, rec, nouns in zip(ids, recs, spans):
-                x = corpus_input(i, tokenizer, rec["text"], nouns, mask_id, rec.get("fact_spans"))
-                if len(x.input_ids) > data.max_length:
-                    raise DataError(f"{cfg.corpus}: passage {i + 1}: {len(x.input_ids)} tokens exceed "
-                                    f"data.max_length={data.max_length}")
-                inputs.append(x)
-        yield inputs
+            inputs = [corpus_input(i, tokenizer, rec["text"], nouns, mask_id, rec.get("fact_spans"))
+                      for i, rec, nouns in zip(ids, recs, spans)]
+        kept = []
+        for x in inputs:
+            if len(x.input_ids) <= data.max_length:
+                kept.append(x)
+            elif data.skip_too_long:
+                skipped.append(x.sample_id)
+            else:
+                raise DataError(f"{where}: {what} {x.sample_id + 1}: {len(x.input_ids)} tokens exceed "
+                                f"data.max_length={data.max_length} (raise max_length, or set data.skip_too_long: "
+                                "true to skip and count such rows)")
+        yield kept
+
+
+def check_finite(signals, x: AttributionInput, model: str) -> None:
+    """A model whose weights (or inputs) hold NaN or inf gives non-finite signals: refuse them, as stage two would."""
+    for name in ("logp_orig", "logp_mask", "entropy"):
+        if not np.isfinite(getattr(signals, name)[x.scored]).all():
+            raise DataError(f"model '{model}': non-finite {name} for sample {x.sample_id} (its weights may hold NaN "
+                            "or inf); nothing was written")
 
 
 def _row(x: AttributionInput, split: str, s) -> dict:
@@ -134,19 +150,23 @@ def _row(x: AttributionInput, split: str, s) -> dict:
 
 
 def run_attribution(cfg: AttributionConfig, data: DataConfig, out_dir: Path, metrics_file: Path | None) -> dict:
+    """Stage one: write `out_dir` (shards and manifest, atomically) and the counts and quality to `metrics_file`."""
     from tqdm import tqdm
     import torch.distributed as dist
 
     rank, world_size = init_distributed()
-    device = torch.device(f"cuda:{torch.cuda.current_device()}") if torch.cuda.is_available() else torch.device("cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    records, fingerprint = load_records(cfg, data)  # the inputs first: a bad row fails before the model loads
+    # (QA splits: `load_split` has logged their duplicates already)
+    duplicates = count_duplicates(records, "text", cfg.corpus) if cfg.mode == "corpus" else \
+        count_duplicates(records, ("question", "answer"))
     tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code)
-    model = load_model(cfg.model, dtype=dtype, trust_remote_code=cfg.trust_remote_code).to(device).eval()
-    check_vocab(model, tokenizer, cfg.model)
     mask_token, mask_id = mask_token_id(tokenizer, cfg.mask_token)
     base_tagger = make_tagger(cfg.tagger, cfg.upos, cfg.trankit_cache or None)
     tagger = CachedTagger(base_tagger, tag_cache_file(base_tagger, cfg.upos, cache_dir(), rank))
-    records, fingerprint = load_records(cfg, data)
+    device = torch.device(f"cuda:{torch.cuda.current_device()}") if torch.cuda.is_available() else torch.device("cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    model = load_model(cfg.model, dtype=dtype, trust_remote_code=cfg.trust_remote_code).to(device).eval()
+    check_vocab(model, tokenizer, cfg.model)
 
     metadata = {
         "schema_version": 1, "mode": cfg.mode, "split": cfg.split, "model": cfg.model,
@@ -156,48 +176,56 @@ def run_attribution(cfg: AttributionConfig, data: DataConfig, out_dir: Path, met
         "mask_token_id": mask_id, "alpha": cfg.alpha, "dataset_fingerprint": fingerprint,
         "code_version": __version__,
     }
-    partial = out_dir.with_name(f".{out_dir.name}.partial")
+    # Every process writes its shards into one temporary directory beside `out_dir`, which the main process
+    # renames into place once the manifest is written, or removes if anything fails.
+    with atomic_dir(out_dir) if is_main_process() else contextlib.nullcontext() as tmp:
+        tmp = Path(broadcast_from_main(str(tmp) if tmp else None))
+        writer = ShardWriter(tmp, f"part-r{rank:03d}", cfg.rows_per_shard, metadata)
+        local = {"samples": 0, "no_noun": 0, "scored_tokens": 0, "skipped": []}
+        bar = tqdm(total=len(range(rank, len(records), world_size)), desc=f"attribute {cfg.split}",
+                   disable=not is_main_process(), mininterval=1.0)
+        window, skipped_seen = cfg.batch_size * 16, 0
+        for inputs in iter_input_windows(cfg, data, records, tokenizer, tagger, mask_id, rank, world_size, window,
+                                         local["skipped"]):
+            inputs.sort(key=lambda x: len(x.input_ids))  # similar lengths together: less padding per batch
+            for s in range(0, len(inputs), cfg.batch_size):
+                batch = inputs[s : s + cfg.batch_size]
+                for x, signals in zip(batch, score_batch(model, batch, tokenizer.pad_token_id, cfg.chunk_size)):
+                    check_finite(signals, x, cfg.model)
+                    writer.add(_row(x, cfg.split, add_phi(signals, cfg.alpha)))
+            bar.update(len(inputs) + len(local["skipped"]) - skipped_seen)
+            skipped_seen = len(local["skipped"])
+            local["samples"] += len(inputs)
+            local["no_noun"] += sum(1 for x in inputs if x.n_masked == 0)
+            local["scored_tokens"] += sum(sum(x.scored) for x in inputs)
+        bar.close()
+        local.update(shards=[s.__dict__ for s in writer.close()], tag_cache_hits=tagger.hits)
+        gathered: list = [None] * world_size
+        dist.all_gather_object(gathered, local)
+        skipped = sorted(i for g in gathered for i in g["skipped"])
+        summary = {"samples": sum(g["samples"] for g in gathered), "no_noun": sum(g["no_noun"] for g in gathered),
+                   "scored_tokens": sum(g["scored_tokens"] for g in gathered), "tagger": tagger.name,
+                   "tagger_version": tagger.version, "mask_token": mask_token}
+        if skipped:  # counted only where rows were skipped, so a run without them writes what it always wrote
+            summary["skipped_too_long"] = len(skipped)
+            log.warning("skipped %d of %d %s longer than data.max_length=%d (first: %d)", len(skipped),
+                        len(records), "rows" if cfg.mode == "qa" else "passages", data.max_length, skipped[0] + 1)
+        if duplicates:
+            summary["duplicates"] = duplicates
+        if summary["samples"] == 0:
+            raise DataError(f"{cfg.split if cfg.mode == 'qa' else cfg.corpus}: no sample left to attribute (every "
+                            f"one of the {len(records)} is longer than data.max_length={data.max_length})")
+        if summary["no_noun"]:
+            log.warning("%d of %d samples have no noun to mask: their Δ is 0 and φ comes from entropy alone",
+                        summary["no_noun"], summary["samples"])
+        if is_main_process():
+            shards = [ShardInfo(**s) for g in gathered for s in g["shards"]]
+            write_manifest(tmp, shards, metadata, summary)
+            quality = attribution_quality(tmp, cfg.quality_r)
+        dist.barrier()  # every process is done with the temporary directory before it is renamed
     if is_main_process():
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-    dist.barrier()
-
-    writer = ShardWriter(partial, f"part-r{rank:03d}", cfg.rows_per_shard, metadata)
-    local = {"samples": 0, "no_noun": 0, "scored_tokens": 0}
-    bar = tqdm(total=len(range(rank, len(records), world_size)), desc=f"attribute {cfg.split}",
-               disable=not is_main_process(), mininterval=1.0)
-    window = cfg.batch_size * 16
-    for inputs in iter_input_windows(cfg, data, records, tokenizer, tagger, mask_id, rank, world_size, window):
-        inputs.sort(key=lambda x: len(x.input_ids))  # similar lengths together: less padding per batch
-        for s in range(0, len(inputs), cfg.batch_size):
-            batch = inputs[s : s + cfg.batch_size]
-            for x, signals in zip(batch, score_batch(model, batch, tokenizer.pad_token_id, cfg.chunk_size)):
-                writer.add(_row(x, cfg.split, add_phi(signals, cfg.alpha)))
-            bar.update(len(batch))
-        local["samples"] += len(inputs)
-        local["no_noun"] += sum(1 for x in inputs if x.n_masked == 0)
-        local["scored_tokens"] += sum(sum(x.scored) for x in inputs)
-    bar.close()
-    local.update(shards=[s.__dict__ for s in writer.close()], tag_cache_hits=tagger.hits)
-    gathered: list = [None] * world_size
-    dist.all_gather_object(gathered, local)
-    summary = {"samples": sum(g["samples"] for g in gathered), "no_noun": sum(g["no_noun"] for g in gathered),
-               "scored_tokens": sum(g["scored_tokens"] for g in gathered), "tagger": tagger.name,
-               "tagger_version": tagger.version, "mask_token": mask_token}
-    if summary["no_noun"]:
-        log.warning("%d of %d samples have no noun to mask: their Δ is 0 and φ comes from entropy alone",
-                    summary["no_noun"], summary["samples"])
-    if is_main_process():
-        shards = [ShardInfo(**s) for g in gathered for s in g["shards"]]
-        write_manifest(partial, shards, metadata, summary)
-        quality = attribution_quality(partial, cfg.quality_r)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        partial.rename(out_dir)
         if metrics_file is not None:
-            metrics_file.parent.mkdir(parents=True, exist_ok=True)
             write_json(metrics_file, {**summary, "quality": quality, "config": asdict(cfg)})
-        log.info("wrote %s: %d samples in %d shards (%s)", out_dir, summary["samples"], len(shards),
-                 f"{MANIFEST} last")
+        log.info("wrote %s: %d samples in %d shards (%s last)", out_dir, summary["samples"], len(shards), MANIFEST)
     dist.barrier()
     return {**summary, "metadata": metadata}

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from pipeline.common.errors import DataError, ParamError
+from pipeline.common.errors import ParamError
 from pipeline.data.templates import IGNORE_INDEX, EncodedSample, PromptTemplate, encode_qa, encode_text
 
 log = logging.getLogger(__name__)
@@ -81,8 +81,8 @@ def corpus_input(sample_id: int, tokenizer, text: str, noun_spans: list[Span], m
     return AttributionInput(sample_id, text, sample.input_ids, sample.offsets, scored, masked, mask_id, fact)
 
 
-def build_qa_inputs(rows: list[dict], tokenizer, template: PromptTemplate, tagger, mask_id: int, max_length: int,
-                    where: str, facts: dict[str, list[Span]] | None = None,
+def build_qa_inputs(rows: list[dict], tokenizer, template: PromptTemplate, tagger, mask_id: int,
+                    facts: dict[str, list[Span]] | None = None,
                     row_indices: list[int] | None = None) -> list[AttributionInput]:
     """Tag the questions (in one batch), encode, and mask; `row_indices`: each row's index in the split."""
     indices = row_indices if row_indices is not None else list(range(len(rows)))
@@ -90,8 +90,6 @@ def build_qa_inputs(rows: list[dict], tokenizer, template: PromptTemplate, tagge
     out = []
     for i, row, nouns in zip(indices, rows, spans):
         sample = encode_qa(tokenizer, template, row["question"], row["answer"])
-        if len(sample) > max_length:
-            raise DataError(f"{where}: row {i + 1}: {len(sample)} tokens exceed data.max_length={max_length}")
         fact = facts.get(row["question"]) if facts is not None else None
         out.append(qa_input(i, sample, nouns, mask_id, fact))
     return out

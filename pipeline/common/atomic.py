@@ -1,6 +1,7 @@
-"""Atomic writes: every artifact is written to a temporary path beside its target, then renamed.
+"""Atomic writes: every artifact is written to a temporary path beside its target, then renamed; and output locks.
 
-A killed stage therefore leaves either the old artifact or none, never a half-written one.
+A killed stage therefore leaves either the old artifact or none, never a half-written one; and two runs cannot
+write the same output at once (`hold_outputs`).
 """
 
 from __future__ import annotations
@@ -9,9 +10,12 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator
+
+from pipeline.common.errors import TokenUnlearnError
 
 
 _UMASK = os.umask(0)
@@ -79,3 +83,77 @@ def write_jsonl(target: str | os.PathLike, rows: Iterable[dict]) -> None:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False))
             f.write("\n")
+
+
+# ---- output locks ---------------------------------------------------------------------------------------------
+
+class OutputBusy(TokenUnlearnError):
+    """Another run is writing the same output."""
+
+
+def _lock_file(target: Path) -> Path:
+    return target.parent / f".{target.name}.lock"
+
+
+@contextlib.contextmanager
+def _locked(target: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `target` (a lock file beside it) or fail at once; the lock dies with the process,
+    so a killed run never leaves a stale one."""
+    import fcntl
+
+    path = _lock_file(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666 & ~_UMASK)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise OutputBusy(f"{target}: another run is writing it ({holder}); wait for it to finish, or write "
+                             "elsewhere (--out)") from None
+        # The lock file may have been removed and recreated by a run that just finished: lock the current one.
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def refuse_symlink(target: Path) -> None:
+    if target.is_symlink():
+        raise TokenUnlearnError(f"{target}: is a symbolic link (to {os.readlink(target)}); outputs are replaced "
+                                "atomically, which would replace the link: give the real path instead")
+
+
+@contextlib.contextmanager
+def hold_outputs(*targets: str | os.PathLike | None) -> Iterator[None]:
+    """Lock each output (directory or file) while a stage writes it, so two runs never write the same output, or
+    resume from each other's checkpoints; refuse an output that is a symbolic link. In a multi-process run the
+    main process locks and every process gets the same answer."""
+    from pipeline.common.distributed import broadcast_from_main, is_main_process  # torch, only when needed
+
+    paths = [Path(t) for t in targets if t is not None]
+    for path in paths:
+        refuse_symlink(path)
+    error, stack = None, contextlib.ExitStack()
+    with stack:
+        if is_main_process():
+            try:
+                for path in paths:
+                    stack.enter_context(_locked(path))
+            except OutputBusy as e:
+                error = str(e)
+        error = broadcast_from_main(error)
+        if error:
+            raise OutputBusy(error)
+        yield

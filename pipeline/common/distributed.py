@@ -66,3 +66,14 @@ def is_main_process() -> bool:
     import torch.distributed as dist
 
     return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def broadcast_from_main(value):
+    """The main process's `value` on every process (as is in a one-process run): a path it chose, or an error."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -18,6 +18,7 @@ import torch
 
 from pipeline.common.atomic import atomic_dir
 from pipeline.common.errors import DataError, ParamError
+from pipeline.common.paths import require_local_or_hub
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +62,21 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Path, 
 
 
 def load_tokenizer(name_or_path: str | Path, trust_remote_code: bool = False):
+    """A fast (Rust) tokenizer from a directory or the hub: every stage needs its character offsets."""
     from transformers import AutoTokenizer
 
+    require_local_or_hub(name_or_path, "tokenizer")
     try:
         tok = AutoTokenizer.from_pretrained(str(name_or_path), use_fast=True, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         raise DataError(f"tokenizer '{name_or_path}': cannot be loaded ({_first_line(e)})") from None
+    if not getattr(tok, "is_fast", False):
+        raise DataError(
+            f"tokenizer '{name_or_path}': only a slow (Python) {type(tok).__name__} exists for it; TokenUnlearn needs "
+            "a fast tokenizer (tokenizer.json) for character offsets: convert it with transformers where a converter "
+            "exists (AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained(...)), or use the model's "
+            "fast tokenizer"
+        )
     if tok.pad_token_id is None:  # Llama and Phi ship without a pad token; padding is always masked out
         tok.pad_token = tok.eos_token
     return tok
@@ -74,8 +84,16 @@ def load_tokenizer(name_or_path: str | Path, trust_remote_code: bool = False):
 
 def build_model(config: dict, tokenizer, seed: int):
     """A fresh LlamaForCausalLM sized by `config` (hidden size, layers, heads, ...) for this tokenizer."""
+    import inspect
+
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    # A config class takes unknown keywords silently (it keeps them as attributes): a typo would build the
+    # default size. Only the keys its constructor names, or the common config attributes, are accepted.
+    known = (set(inspect.signature(LlamaConfig.__init__).parameters) | set(LlamaConfig().to_dict())) - {"self", "kwargs"}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise ParamError(f"model.config: unknown key(s) {unknown} for LlamaConfig")
     try:
         cfg = LlamaConfig(
             vocab_size=len(tokenizer),
@@ -92,12 +110,17 @@ def build_model(config: dict, tokenizer, seed: int):
 
 def load_model(name_or_path: str | Path, dtype: torch.dtype | None = None, trust_remote_code: bool = False):
     """Load a causal LM from a directory or the hub, from safetensors only (never unpickle)."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
+    require_local_or_hub(name_or_path, "model")
     try:
         model = AutoModelForCausalLM.from_pretrained(
             str(name_or_path), torch_dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code
         )
+    except SafetensorError as e:
+        raise DataError(f"model '{name_or_path}': a safetensors file is truncated or corrupt ({_first_line(e)}); "
+                        "rerun the stage that wrote it, or download it again") from None
     except (OSError, ValueError, EnvironmentError) as e:
         raise DataError(f"model '{name_or_path}': cannot be loaded ({_first_line(e)})") from None
     return model

@@ -1,11 +1,18 @@
-"""Reading `params.yaml`: every stage reads its section here, and a bad value names its key."""
+"""Reading `params.yaml`: every stage reads its section here, and a bad value names its key.
+
+A run's params are the file, then its overlays (sections of changes, `--overlay NAME`, in order), then the
+command line's overrides (`-S unlearn.train.lr=1e-4`, the syntax of `dvc exp run -S`). Unknown sections and
+unknown keys are errors, so a typo never runs with a default.
+"""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 import yaml
 
@@ -13,11 +20,60 @@ from pipeline.common.errors import ParamError
 
 T = TypeVar("T")
 
+# The sections a params file may have. Any other top-level mapping must be an overlay: a mapping of changes
+# to these sections (e.g. `corpus:` or `tofu:` in the root params.yaml).
+SECTIONS = ("world", "tokenizer", "data", "model", "finetune", "check", "attribution", "unlearn", "evaluate",
+            "report", "tune")
 
-def load_params(path: str | Path = "params.yaml", overlay: str | None = None) -> dict:
-    """The params file, with the overlay section `overlay` (if given) applied: see `apply_overlay`."""
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2's floats: `1e-4` is a number, as DVC (ruamel) reads it; PyYAML's YAML 1.1 needs `1.0e-4`."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                |[-+]?\.(?:inf|Inf|INF)
+                |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def read_yaml(text: str):
+    return yaml.load(text, Loader=_Loader)
+
+
+def load_params(path: str | Path = "params.yaml", overlays: str | Iterable[str] | None = None,
+                overrides: Iterable[str] = ()) -> dict:
+    """The params file with its `overlays` applied in order (see `apply_overlay`), then the `overrides`
+    (`key.path=value`, the value read as YAML)."""
     params = _read_params(Path(path))
-    return apply_overlay(params, overlay, str(path)) if overlay else params
+    check_sections(params, str(path))
+    for name in [overlays] if isinstance(overlays, str) else (overlays or ()):
+        params = apply_overlay(params, name, str(path))
+    for item in overrides:
+        params = apply_override(params, item)
+    return params
+
+
+def check_sections(params: dict, where: str = "params") -> None:
+    """Every top-level key is a known section, or an overlay whose keys are known sections."""
+    for name, value in params.items():
+        if name in SECTIONS:
+            continue
+        if isinstance(value, dict) and value and all(k in SECTIONS and isinstance(v, dict) for k, v in value.items()):
+            continue  # an overlay: changes to sections
+        close = [s for s in SECTIONS if _similar(name, s)]
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ParamError(f"{where}: unknown section '{name}'{hint}; sections are {list(SECTIONS)}, and an overlay "
+                         "is a mapping of changes to them")
+
+
+def _similar(a: str, b: str) -> bool:
+    import difflib
+
+    return difflib.SequenceMatcher(None, a, b).ratio() >= 0.75
 
 
 def apply_overlay(params: dict, name: str, where: str = "params") -> dict:
@@ -32,6 +88,27 @@ def apply_overlay(params: dict, name: str, where: str = "params") -> dict:
     return _merged(params, overlay)
 
 
+def apply_override(params: dict, item: str) -> dict:
+    """`key.path=value`: set one param, as `dvc exp run -S` does; the value is read as YAML (`1e-4`, `[0, 1]`,
+    `{lr: 1e-4}`). The key's parent must exist; the key itself may be new (a new run, say)."""
+    key, sep, text = item.partition("=")
+    if not sep or not re.fullmatch(r"[\w-]+(\.[\w-]+)*", key.strip()):
+        raise ParamError(f"-S {item!r}: expected KEY.PATH=VALUE, e.g. -S unlearn.train.lr=1e-4")
+    try:
+        value = read_yaml(text) if text.strip() else None
+    except yaml.YAMLError as e:
+        raise ParamError(f"-S {item!r}: the value is not YAML ({str(e).splitlines()[0]})") from None
+    out = copy.deepcopy(params)
+    *parents, last = key.strip().split(".")
+    node = out
+    for i, part in enumerate(parents):
+        if not isinstance(node.get(part), dict):
+            raise ParamError(f"-S {item!r}: params have no section '{'.'.join(parents[: i + 1])}'")
+        node = node[part]
+    node[last] = value
+    return out
+
+
 def _merged(base: dict, changes: dict) -> dict:
     out = copy.deepcopy(base)
     for key, value in changes.items():
@@ -44,7 +121,7 @@ def _merged(base: dict, changes: dict) -> dict:
 
 def _read_params(path: Path) -> dict:
     try:
-        params = yaml.safe_load(path.read_text(encoding="utf-8"))
+        params = read_yaml(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ParamError(f"{path}: params file not found") from None
     except yaml.YAMLError as e:
@@ -66,19 +143,35 @@ def section(params: dict, dotted: str) -> Any:
     return node
 
 
-def dataclass_from_params(cls: type[T], values: dict, where: str) -> T:
-    """Build a dataclass from a params mapping; unknown keys and wrong types are errors naming the key."""
+def check_keys(values: Any, known: Iterable[str], where: str) -> dict:
+    """A mapping whose keys are all `known`; anything else is an error naming the key."""
     if not isinstance(values, dict):
         raise ParamError(f"{where}: expected a mapping, got {type(values).__name__}")
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ParamError(f"{where}: unknown key(s) {unknown} (known: {sorted(known)})")
+    return values
+
+
+def dataclass_from_params(cls: type[T], values: dict, where: str, origins: dict[str, str] | None = None) -> T:
+    """Build a dataclass from a params mapping; unknown keys and wrong types are errors naming the key.
+
+    `origins`: the full key each value was set at, where values were merged from several places (a run's
+    `unlearn.runs.NAME.r` over `unlearn.defaults.r`); by default `where.NAME`."""
+    if not isinstance(values, dict):
+        raise ParamError(f"{where}: expected a mapping, got {type(values).__name__}")
+    key_of = _key_namer(where, origins)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ParamError(f"{where}: unknown parameter(s) {unknown} (known: {sorted(fields)})")
+        raise ParamError(f"{', '.join(key_of(k) for k in unknown)}: unknown parameter{'s' if len(unknown) > 1 else ''} "
+                         f"(known: {sorted(fields)})")
     for name, value in values.items():
         default = fields[name].default
         if default is dataclasses.MISSING:  # a required field: its annotation, where that is a plain type
             annotation = fields[name].type
-            expected = annotation if annotation in (int, float, str, bool) else None
+            expected = annotation if annotation in (int, float, str, bool, "int", "float", "str", "bool") else None
+            expected = {"int": int, "float": float, "str": str, "bool": bool}.get(expected, expected)
         else:
             expected = type(default) if default is not None else None
         if expected is None:
@@ -87,8 +180,63 @@ def dataclass_from_params(cls: type[T], values: dict, where: str) -> T:
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             ok = True
         if not ok:
-            raise ParamError(f"{where}.{name}={value!r}: expected {expected.__name__}")
+            raise ParamError(f"{key_of(name)}={value!r}: expected {expected.__name__}")
     try:
         return cls(**values)
     except TypeError as e:
         raise ParamError(f"{where}: {e}") from None
+
+
+def _key_namer(where: str, origins: dict[str, str] | None) -> Callable[[str], str]:
+    return lambda name: (origins or {}).get(name, f"{where}.{name}")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A check of one param: `ok(value)`, and what a valid value is, for the error ("in (0, 1]")."""
+
+    ok: Callable[[Any], bool]
+    expect: str
+
+
+def between(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> Rule:
+    left, right = "(" if lo_open else "[", ")" if hi_open else "]"
+    return Rule(lambda v: (lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi),
+                f"in {left}{lo:g}, {hi:g}{right}")
+
+
+def at_least(lo: float) -> Rule:
+    return Rule(lambda v: v >= lo, f"at least {lo:g}")
+
+
+def positive() -> Rule:
+    return Rule(lambda v: v > 0, "positive")
+
+
+def one_of(options: Iterable) -> Rule:
+    options = list(options)
+    return Rule(lambda v: v in options, f"one of {options}")
+
+
+def check_rules(cfg, rules: dict[str, Rule], where: str, origins: dict[str, str] | None = None) -> None:
+    """Check each field of `cfg` named in `rules`; an error names the key where the value was set and the valid
+    values, e.g. `unlearn.defaults.r=1.5: must be in (0, 1]`."""
+    key_of = _key_namer(where, origins)
+    for name, rule in rules.items():
+        value = getattr(cfg, name)
+        try:
+            ok = rule.ok(value)
+        except TypeError:  # a value of the wrong kind where the field has no typed default (a list, say)
+            ok = False
+        if not ok:
+            raise ParamError(f"{key_of(name)}={value!r}: must be {rule.expect}")
+
+
+def origins_of(**sources: dict) -> dict[str, str]:
+    """{key: the dotted key it was set at}, for values merged from several mappings, later ones winning:
+    `origins_of(**{"unlearn.defaults": defaults, "unlearn.runs.ga": spec})`."""
+    out: dict[str, str] = {}
+    for prefix, mapping in sources.items():
+        for key in mapping or {}:
+            out[key] = f"{prefix}.{key}"
+    return out

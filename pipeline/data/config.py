@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.common.errors import ParamError
-from pipeline.common.params import dataclass_from_params
+from pipeline.common.params import at_least, check_rules, dataclass_from_params
 from pipeline.data.templates import get_template
 
 
@@ -20,6 +20,7 @@ class DataConfig:
     def from_params(cls, params: dict) -> "DataConfig":
         cfg = dataclass_from_params(cls, params, "data")
         get_template(cfg.template)
-        if cfg.max_length < 8:
-            raise ParamError(f"data.max_length={cfg.max_length}: must be at least 8")
+        check_rules(cfg, {"max_length": at_least(8)}, "data")
+        if not cfg.source:
+            raise ParamError("data.source: empty (a directory of <split>.json files, or a hub dataset name)")
         return cfg

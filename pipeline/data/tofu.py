@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
+from typing import Sequence
 
 from pipeline.common.errors import DataError
+from pipeline.common.paths import is_hub_name
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +70,12 @@ def read_json_records(path: Path) -> list:
         raise DataError(f"{path}: not UTF-8 text ({e.reason})")
     if text.lstrip().startswith("["):
         try:
-            return json.loads(text)
+            rows = json.loads(text)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}: malformed JSON at line {e.lineno}: {e.msg}")
+        if not rows:
+            raise DataError(f"{path}: no records (an empty list)")
+        return rows
     rows = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -81,12 +87,6 @@ def read_json_records(path: Path) -> list:
     if not rows:
         raise DataError(f"{path}: no records")
     return rows
-
-
-def is_hub_name(source: str | Path) -> bool:
-    """An `owner/name` that is no local path: a Hugging Face hub id."""
-    text = str(source)
-    return "/" in text and not Path(text).exists() and not text.startswith((".", "/", "~"))
 
 
 def load_hub_records(name: str, config: str, split: str, what: str, offline_hint: str) -> list[dict]:
@@ -103,8 +103,32 @@ def load_hub_records(name: str, config: str, split: str, what: str, offline_hint
     return [dict(r) for r in ds]
 
 
+# A split is a file <split>.json inside the source (or a hub config): a plain name, never a path.
+SPLIT_NAME = re.compile(r"[A-Za-z0-9][\w.-]*")
+
+
+def count_duplicates(rows: Sequence[dict], fields: str | Sequence[str], where: str = "") -> int:
+    """The rows that repeat an earlier row's `fields`; logged with the first such pair where `where` is given."""
+    fields = (fields,) if isinstance(fields, str) else tuple(fields)
+    first: dict[tuple, int] = {}
+    repeats = []
+    for i, row in enumerate(rows, start=1):
+        key = tuple(json.dumps(row.get(f), sort_keys=True) for f in fields)
+        if key in first:
+            repeats.append((i, first[key]))
+        else:
+            first[key] = i
+    if repeats and where:
+        log.warning("%s: %d duplicate row(s) (same %s; row %d repeats row %d): kept, each counts as a sample",
+                    where, len(repeats), "/".join(fields), *repeats[0])
+    return len(repeats)
+
+
 def load_split(source: str | Path, split: str) -> list[dict]:
     """Load and validate one TOFU split from a local directory, or from the hub by dataset name."""
+    if not isinstance(split, str) or not SPLIT_NAME.fullmatch(split) or ".." in split:
+        raise DataError(f"split {split!r}: not a split name (letters, digits, '_', '.', '-'); a split is the file "
+                        f"<split>.json inside data.source ({source}), or a hub dataset's config")
     path = Path(source)
     if path.is_dir():
         file = path / f"{split}.json"
@@ -117,7 +141,10 @@ def load_split(source: str | Path, split: str) -> list[dict]:
         where = f"{source}[{split}]"
     else:
         raise DataError(f"data source '{source}': no such directory (and not a hub dataset name like {HUB_DATASET})")
+    if not rows:
+        raise DataError(f"{where}: no records")
     rows = validate_rows(rows, schema_for(split), where)
+    count_duplicates(rows, ("question", "answer"), where)
     log.debug("loaded %d rows from %s", len(rows), where)
     return rows
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -32,9 +31,11 @@ import torch
 from pipeline.common.atomic import atomic_dir, write_json
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import check_vocab, load_model, load_tokenizer
-from pipeline.common.params import dataclass_from_params, section
+from pipeline.common.params import at_least, check_keys, check_rules, dataclass_from_params, origins_of, section
+from pipeline.common.paths import is_hub_name
+from pipeline.common.runs import complete_seeds, is_run_dir
 from pipeline.data.templates import get_template
-from pipeline.data.tofu import is_hub_name, load_split
+from pipeline.data.tofu import load_split
 from pipeline.evaluation.multiple_choice import SCORINGS, MCItem, evaluate_mc, load_mmlu, load_wmdp, world_mc_sets
 from pipeline.evaluation.tofu_metrics import SetResult, evaluate_set, forget_quality, model_utility
 
@@ -59,22 +60,23 @@ class EvalConfig:
     trust_remote_code: bool = False
 
     @classmethod
-    def from_params(cls, values: dict, where: str = "evaluate") -> "EvalConfig":
-        cfg = dataclass_from_params(cls, values, where)
+    def from_params(cls, values: dict, where: str = "evaluate", origins: dict[str, str] | None = None) -> "EvalConfig":
+        cfg = dataclass_from_params(cls, values, where, origins)
         unknown = [s for s in cfg.tofu_sets if s not in TOFU_SETS]
         if unknown:
             raise ParamError(f"{where}.tofu_sets: unknown {unknown} (choose from {list(TOFU_SETS)})")
+        check_rules(cfg, {"batch_size": at_least(1), "mc_batch_size": at_least(1), "max_new_tokens": at_least(1)},
+                    where, origins)
         for name, spec in cfg.multiple_choice.items():
             if not isinstance(spec, dict) or spec.get("format") not in MC_FORMATS:
                 raise ParamError(f"{where}.multiple_choice.{name}: needs format: one of {sorted(MC_FORMATS)}")
+            check_keys(spec, MC_SPEC_KEYS[spec["format"]], f"{where}.multiple_choice.{name}")
             if not spec.get("source"):
                 raise ParamError(f"{where}.multiple_choice.{name}: needs source (a file, directory or hub name)")
             scoring = spec.get("scoring", "letter")
             if not isinstance(scoring, str) or scoring not in SCORINGS:
                 raise ParamError(f"{where}.multiple_choice.{name}.scoring: {scoring!r} is unknown "
                                  f"(choose from {sorted(SCORINGS)})")
-        if cfg.batch_size < 1 or cfg.mc_batch_size < 1 or cfg.max_new_tokens < 1:
-            raise ParamError(f"{where}: batch_size, mc_batch_size and max_new_tokens must be at least 1")
         return cfg
 
 
@@ -82,7 +84,9 @@ def eval_config(params: dict) -> EvalConfig:
     """The `evaluate` section over `data`'s source and template: what every evaluation of the pipeline uses."""
     data = params.get("data") or {}
     values = {"source": data.get("source"), "template": data.get("template"), **section(params, "evaluate")}
-    return EvalConfig.from_params({k: v for k, v in values.items() if v is not None}, "evaluate")
+    origins = {"source": "data.source", "template": "data.template"}
+    origins.update(origins_of(evaluate=section(params, "evaluate")))
+    return EvalConfig.from_params({k: v for k, v in values.items() if v is not None}, "evaluate", origins)
 
 
 # ---- multiple-choice sets by format -----------------------------------------------------------------------
@@ -91,6 +95,11 @@ def _world_sets(name: str, spec: dict, cfg: EvalConfig) -> dict[str, list[MCItem
     sets = world_mc_sets(spec["source"], spec.get("split", cfg.forget_split), cfg.seed)
     return {f"{name}_{part}": items for part, items in sets.items()}
 
+
+# The keys a multiple-choice set's spec may have, by format.
+MC_SPEC_KEYS = {"world": ("format", "source", "split", "scoring"),
+                "wmdp": ("format", "source", "config", "scoring"),
+                "mmlu": ("format", "source", "subjects", "scoring")}
 
 MC_FORMATS: dict[str, Callable[[str, dict, EvalConfig], dict[str, list[MCItem]]]] = {
     "world": _world_sets,  # the embedded world: forget authors' facts (WMDP's role), retained ones, world facts
@@ -131,13 +140,48 @@ def _item_table(rows: list[dict], result: SetResult, meta: dict) -> pa.Table:
     return pa.Table.from_pylist(records).replace_schema_metadata({b"tokenunlearn": json.dumps(meta).encode()})
 
 
-def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: Path | None) -> dict:
+@dataclass
+class EvalInputs:
+    """Everything an evaluation reads besides the model, loaded and validated before any model is: a bad split,
+    multiple-choice file or retain evaluation fails in seconds, not after the first forward passes."""
+
+    tofu: dict[str, tuple[str, list[dict]]]        # set name -> (split, rows)
+    questions_hash: dict[str, str]                  # set name -> hash of its questions
+    mc: dict[str, tuple[str, list[MCItem]]]         # MC set name -> (scoring, items)
+    retain_truth_ratios: list[float] | None = None  # the retain model's forget truth ratios, for forget quality
+
+
+def load_inputs(cfg: EvalConfig, retain_dir: Path | None, own_retain: bool = False) -> EvalInputs:
+    """The TOFU sets' rows, the multiple-choice items and the retain model's forget truth ratios (unless this is
+    the retain model's own evaluation, or `retain_dir` is None)."""
+    tofu, hashes = {}, {}
+    for name in cfg.tofu_sets:
+        split = TOFU_SETS[name].format(forget=cfg.forget_split)
+        rows = load_split(cfg.source, split)
+        tofu[name], hashes[name] = (split, rows), _questions_hash(rows)
+    mc = {}
+    for name, spec in cfg.multiple_choice.items():
+        scoring = spec.get("scoring", "letter")
+        for set_name, items in MC_FORMATS[spec["format"]](name, spec, cfg).items():
+            mc[set_name] = (scoring, items)
+    reference = None
+    if retain_dir is not None and not own_retain and "forget" in tofu:
+        reference = retain_truth_ratios(Path(retain_dir), hashes["forget"])
+    return EvalInputs(tofu, hashes, mc, reference)
+
+
+def _own_retain(out_dir: Path, retain_dir: Path | None) -> bool:
+    return retain_dir is not None and Path(retain_dir).resolve() == Path(out_dir).resolve()
+
+
+def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: Path | None,
+                   inputs: EvalInputs | None = None) -> dict:
     """Evaluate one model and write `out_dir` (atomically). `retain_dir`: the retain model's evaluation, for
-    forget quality (None: no forget quality; `out_dir` itself: this is the retain model)."""
+    forget quality (None: no forget quality; `out_dir` itself: this is the retain model). `inputs`: already
+    loaded by `load_inputs` (several models on the same inputs), else loaded here, before the model."""
     start = time.perf_counter()
-    own_retain = retain_dir is not None and Path(retain_dir).resolve() == Path(out_dir).resolve()
-    if retain_dir is not None and not own_retain and "forget" in cfg.tofu_sets:
-        _retain_items(Path(retain_dir))  # fail before the work, not after it
+    own_retain = _own_retain(out_dir, retain_dir)
+    inputs = inputs or load_inputs(cfg, retain_dir, own_retain)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if not Path(model_path).exists() and not is_hub_name(model_path):
@@ -150,23 +194,19 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
     summary: dict = {"model": str(model_path), "source": cfg.source, "forget_split": cfg.forget_split}
     item_tables: dict[str, pa.Table] = {}
     results: dict[str, SetResult] = {}
-    questions_hash: dict[str, str] = {}
 
-    for name in cfg.tofu_sets:
-        split = TOFU_SETS[name].format(forget=cfg.forget_split)
-        rows = load_split(cfg.source, split)
+    for name, (split, rows) in inputs.tofu.items():
         result = evaluate_set(model, tokenizer, template, rows, name, cfg.batch_size, cfg.max_new_tokens,
                               name=f"{cfg.source}/{split}")
-        results[name], questions_hash[name] = result, _questions_hash(rows)
-        item_tables[name] = _item_table(rows, result, {"split": split, "questions_hash": questions_hash[name]})
+        results[name] = result
+        item_tables[name] = _item_table(rows, result, {"split": split, "questions_hash": inputs.questions_hash[name]})
         summary[name] = {"n": len(rows), **{k: round(v, 6) for k, v in result.aggregates.items()}}
         log.info("%s: %s", split, summary[name])
 
     if "forget" in results:
         summary["forget_es"] = summary["forget"]["extraction_strength"]
         if retain_dir is not None:
-            reference = (results["forget"].truth_ratios if own_retain
-                         else retain_truth_ratios(Path(retain_dir), questions_hash["forget"]))
+            reference = results["forget"].truth_ratios if own_retain else inputs.retain_truth_ratios
             fq = forget_quality(results["forget"].truth_ratios, reference)
             summary["forget_quality"], summary["log10_forget_quality"] = fq.pvalue, round(fq.log10_pvalue, 4)
     if "retain" in results:
@@ -175,15 +215,13 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
         summary["model_utility"] = round(model_utility({k: v.aggregates for k, v in results.items()}), 6)
 
     mc_tables: dict[str, pa.Table] = {}
-    for name, spec in cfg.multiple_choice.items():
-        scoring = spec.get("scoring", "letter")
-        for set_name, items in MC_FORMATS[spec["format"]](name, spec, cfg).items():
-            result = evaluate_mc(model, tokenizer, items, batch_size=cfg.mc_batch_size, scoring=scoring,
-                                 template=template)
-            mc_tables[set_name] = pa.Table.from_pylist(result["records"]).replace_schema_metadata(
-                {b"tokenunlearn": json.dumps({"scoring": scoring}).encode()})
-            summary[f"mc_{set_name}"] = round(result["accuracy"], 6)
-            log.info("multiple choice %s: accuracy %.4f over %d items", set_name, result["accuracy"], result["n"])
+    for set_name, (scoring, items) in inputs.mc.items():
+        result = evaluate_mc(model, tokenizer, items, batch_size=cfg.mc_batch_size, scoring=scoring,
+                             template=template)
+        mc_tables[set_name] = pa.Table.from_pylist(result["records"]).replace_schema_metadata(
+            {b"tokenunlearn": json.dumps({"scoring": scoring}).encode()})
+        summary[f"mc_{set_name}"] = round(result["accuracy"], 6)
+        log.info("multiple choice %s: accuracy %.4f over %d items", set_name, result["accuracy"], result["n"])
 
     summary["seconds"] = round(time.perf_counter() - start, 1)
     with atomic_dir(out_dir) as tmp:
@@ -199,19 +237,6 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
 
 
 # ---- several seeds of one run --------------------------------------------------------------------------------
-
-def seed_models(path: str | Path) -> dict[int, Path]:
-    """{seed: model directory} of an unlearning run's `seed{S}/model` directories; empty for a single model."""
-    path = Path(path)
-    if not path.is_dir() or (path / "config.json").is_file():
-        return {}
-    found = {}
-    for d in path.iterdir():
-        m = re.fullmatch(r"seed(\d+)", d.name)
-        if m and (d / "model").is_dir():
-            found[int(m.group(1))] = d / "model"
-    return dict(sorted(found.items()))
-
 
 def aggregate_seeds(per_seed: dict[int, dict]) -> dict:
     """Each top-level number as the mean over seeds, with `<name>_std` (sample standard deviation; 0 for one seed)."""
@@ -230,17 +255,20 @@ def aggregate_seeds(per_seed: dict[int, dict]) -> dict:
 
 
 def evaluate_path(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: Path | None,
-                  metrics_file: Path | None = None) -> dict:
-    """Evaluate a model, or every seed of an unlearning run (into `out_dir/seed{S}`), and write the summary also
-    to `metrics_file` (DVC metrics cannot live inside an output directory)."""
-    seeds = seed_models(model_path)
+                  metrics_file: Path | None = None, name: str = "NAME") -> dict:
+    """Evaluate a model, or every seed of a complete unlearning run (into `out_dir/seed{S}`), and write the summary
+    also to `metrics_file` (DVC metrics cannot live inside an output directory). An incomplete run is refused,
+    and every input is checked before the first model loads."""
+    seeds = complete_seeds(Path(model_path), name) if is_run_dir(Path(model_path)) else {}
+    inputs = load_inputs(cfg, retain_dir, own_retain=not seeds and _own_retain(out_dir, retain_dir))
     if seeds:
-        per_seed = {seed: evaluate_model(str(model), cfg, out_dir / f"seed{seed}", retain_dir)
-                    for seed, model in seeds.items()}
-        summary = {"model": str(model_path), **aggregate_seeds(per_seed)}
-        write_json(out_dir / "metrics.json", summary)
+        with atomic_dir(out_dir) as tmp:  # all seeds or none
+            per_seed = {seed: evaluate_model(str(model), cfg, tmp / f"seed{seed}", retain_dir, inputs)
+                        for seed, model in seeds.items()}
+            summary = {"model": str(model_path), **aggregate_seeds(per_seed)}
+            write_json(tmp / "metrics.json", summary)
     else:
-        summary = evaluate_model(model_path, cfg, out_dir, retain_dir)
+        summary = evaluate_model(model_path, cfg, out_dir, retain_dir, inputs)
     if metrics_file is not None:
         write_json(metrics_file, summary)  # creates its directory
     return summary

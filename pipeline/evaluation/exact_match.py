@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.common.errors import ParamError
 from pipeline.common.modeling import load_model, load_tokenizer
-from pipeline.common.params import dataclass_from_params
+from pipeline.common.params import Rule, at_least, check_rules, dataclass_from_params
 from pipeline.data.config import DataConfig
 from pipeline.data.templates import get_template
 from pipeline.data.tofu import load_split
@@ -22,11 +21,9 @@ class CheckConfig:
     @classmethod
     def from_params(cls, values: dict, where: str = "check") -> "CheckConfig":
         cfg = dataclass_from_params(cls, values, where)
-        if not cfg.splits or not all(isinstance(s, str) for s in cfg.splits):
-            raise ParamError(f"{where}.splits={cfg.splits!r}: a non-empty list of split names")
-        for name in ("max_new_tokens", "batch_size"):
-            if getattr(cfg, name) < 1:
-                raise ParamError(f"{where}.{name}={getattr(cfg, name)!r}: must be at least 1")
+        splits = Rule(lambda v: isinstance(v, list) and v and all(isinstance(s, str) for s in v),
+                      "a non-empty list of split names")
+        check_rules(cfg, {"splits": splits, "max_new_tokens": at_least(1), "batch_size": at_least(1)}, where)
         return cfg
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.common.progress import progress
 from pipeline.data.templates import PromptTemplate, encode_prompt
 
 
@@ -13,7 +14,8 @@ def greedy_answers(model, tokenizer, template: PromptTemplate, questions: list[s
     model.eval()
     device = next(model.parameters()).device
     answers: list[str] = []
-    for start in range(0, len(questions), batch_size):
+    starts = range(0, len(questions), batch_size)
+    for start in progress(starts, total=len(starts), desc="generation"):
         prompts = [encode_prompt(tokenizer, template, q)[2] for q in questions[start : start + batch_size]]
         width = max(map(len, prompts))
         ids = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)

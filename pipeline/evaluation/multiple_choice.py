@@ -31,8 +31,10 @@ import torch
 
 from pipeline.common.atomic import write_jsonl
 from pipeline.common.errors import DataError, ParamError
+from pipeline.common.paths import is_hub_name
+from pipeline.common.progress import progress
 from pipeline.data.templates import PromptTemplate, encode_prompt
-from pipeline.data.tofu import is_hub_name, load_hub_records, load_split, read_json_records
+from pipeline.data.tofu import load_hub_records, load_split, read_json_records
 
 log = logging.getLogger(__name__)
 
@@ -337,9 +339,10 @@ def encode_continuations(tokenizer, prompts: list[str], continuations: Iterable[
 
 
 def _length_batches(seqs: list[list[int]], batch_size: int) -> Iterable[list[int]]:
-    """Indices of `seqs`, longest first, in batches: little padding per batch."""
+    """Indices of `seqs`, longest first, in batches: little padding per batch (with a progress bar)."""
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
-    for start in range(0, len(order), batch_size):
+    starts = range(0, len(order), batch_size)
+    for start in progress(starts, total=len(starts), desc="multiple choice"):
         yield order[start: start + batch_size]
 
 

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.common.errors import DataError
+from pipeline.common.progress import progress
 from pipeline.data.batching import pad_batch
 from pipeline.data.templates import IGNORE_INDEX, PromptTemplate, encode_qa
 from pipeline.evaluation.generation import greedy_answers
@@ -184,7 +185,8 @@ def answer_statistics(model, tokenizer, template: PromptTemplate, questions: Seq
     model.eval()
     device = next(model.parameters()).device
     order = sorted(range(n), key=lambda i: len(samples[i]))
-    for start in range(0, n, batch_size):
+    starts = range(0, n, batch_size)
+    for start in progress(starts, total=len(starts), desc="teacher forcing"):
         idx = order[start : start + batch_size]
         batch = {k: v.to(device) for k, v in pad_batch([samples[i] for i in idx], tokenizer.pad_token_id).items()}
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -19,7 +20,7 @@ import torch
 
 from pipeline.common.distributed import deepspeed_module, is_main_process
 from pipeline.common.errors import ParamError, TokenUnlearnError
-from pipeline.common.params import dataclass_from_params
+from pipeline.common.params import at_least, between, check_rules, dataclass_from_params, one_of, positive
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +28,12 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class TrainConfig:
     epochs: float = 1.0
+    max_steps: int = 0              # optimizer steps; 0: `epochs` decide (as transformers' max_steps)
     lr: float = 1e-5
     micro_batch_size: int = 4
     grad_accum: int = 1
     warmup_ratio: float = 0.1
+    warmup_steps: int = 0           # > 0: warmup in steps, in place of warmup_ratio (as transformers)
     schedule: str = "linear"        # linear: warmup then linear decay to 0; constant: warmup then constant
     weight_decay: float = 0.0
     clip: float = 1.0               # max gradient norm; 0 turns clipping off
@@ -40,26 +43,27 @@ class TrainConfig:
     keep_checkpoints: bool = False  # keep the checkpoint directory after a successful run
     seed: int = 0
 
+    RULES = {
+        "epochs": positive(), "max_steps": at_least(0), "lr": between(0, 1, lo_open=True, hi_open=True),
+        "micro_batch_size": at_least(1), "grad_accum": at_least(1), "warmup_ratio": between(0, 1, hi_open=True),
+        "warmup_steps": at_least(0), "schedule": one_of(["linear", "constant"]), "weight_decay": at_least(0),
+        "clip": at_least(0), "zero_stage": one_of([0, 1, 2, 3]), "precision": one_of(["auto", "fp32", "bf16"]),
+        "checkpoint_every": at_least(0),
+    }
+
     @classmethod
-    def from_params(cls, params: dict, where: str) -> "TrainConfig":
-        cfg = dataclass_from_params(cls, params, where)
-        checks = [
-            ("epochs", cfg.epochs > 0),
-            ("lr", 0 < cfg.lr < 1),
-            ("micro_batch_size", cfg.micro_batch_size >= 1),
-            ("grad_accum", cfg.grad_accum >= 1),
-            ("warmup_ratio", 0 <= cfg.warmup_ratio < 1),
-            ("schedule", cfg.schedule in ("linear", "constant")),
-            ("weight_decay", cfg.weight_decay >= 0),
-            ("clip", cfg.clip >= 0),
-            ("zero_stage", cfg.zero_stage in (0, 1, 2, 3)),
-            ("precision", cfg.precision in ("auto", "fp32", "bf16")),
-            ("checkpoint_every", cfg.checkpoint_every >= 0),
-        ]
-        for name, ok in checks:
-            if not ok:
-                raise ParamError(f"{where}.{name}={getattr(cfg, name)!r}: out of range")
+    def from_params(cls, params: dict, where: str, origins: dict[str, str] | None = None) -> "TrainConfig":
+        cfg = dataclass_from_params(cls, params, where, origins)
+        check_rules(cfg, cls.RULES, where, origins)
         return cfg
+
+    def total_steps(self, steps_per_epoch: int) -> int:
+        """Optimizer steps of the run: `max_steps`, or `epochs` of `steps_per_epoch` (at least one)."""
+        return self.max_steps or max(1, math.ceil(self.epochs * steps_per_epoch))
+
+    def warmup(self, total_steps: int) -> int:
+        """Warmup steps: `warmup_steps`, or `warmup_ratio` of the run."""
+        return self.warmup_steps or int(self.warmup_ratio * total_steps)
 
     def use_bf16(self) -> bool:
         if self.precision == "bf16":
@@ -87,10 +91,10 @@ def deepspeed_config(cfg: TrainConfig, world_size: int, total_steps: int) -> dic
 
 
 def lr_schedule(cfg: TrainConfig, total_steps: int) -> Callable:
-    """Linear warmup over `warmup_ratio` of the steps, then linear decay to 0 (or constant): as `transformers`."""
+    """Linear warmup (`warmup_steps`, or `warmup_ratio` of the steps), then linear decay to 0 (or constant): as `transformers`."""
     from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
 
-    warmup = int(cfg.warmup_ratio * total_steps)
+    warmup = cfg.warmup(total_steps)
     if cfg.schedule == "linear":
         return lambda opt: get_linear_schedule_with_warmup(opt, warmup, total_steps)
     return lambda opt: get_constant_schedule_with_warmup(opt, warmup)
@@ -106,6 +110,15 @@ def zero3_loading(ds_config: dict):
     return HfDeepSpeedConfig(ds_config)
 
 
+def count_tokens(batch) -> int:
+    """The real (attention-mask) tokens of a possibly nested batch: forget and retain parts together."""
+    if isinstance(batch, dict):
+        mask = batch.get("attention_mask")
+        own = int(mask.sum()) if torch.is_tensor(mask) else 0
+        return own + sum(count_tokens(v) for k, v in batch.items() if k != "attention_mask")
+    return 0
+
+
 def to_device(batch, device):
     """Move the tensors of a (possibly nested) batch dict to `device`."""
     if torch.is_tensor(batch):
@@ -117,6 +130,46 @@ def to_device(batch, device):
 
 class TrainingDiverged(TokenUnlearnError):
     """The loss became NaN or infinite."""
+
+
+class CheckpointRefused(TokenUnlearnError):
+    """A checkpoint file holds something other than weights and plain training state."""
+
+
+def _checkpoint_globals() -> list:
+    """The only classes a DeepSpeed checkpoint may hold besides tensors and containers (found by saving ZeRO 0-3
+    checkpoints in fp32 and bf16): plain records that run no code when loaded."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+class WeightsOnlyLoading:
+    """DeepSpeed's checkpoint engine, except that it loads with `torch.load(weights_only=True)` and an allow-list
+    of DeepSpeed's record classes, never with the full unpickler (DeepSpeed's own default): a pickle planted in a
+    checkpoint file cannot run code on resume, it is refused."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def load(self, path: str, map_location=None):
+        import pickle
+
+        try:
+            with torch.serialization.safe_globals(_checkpoint_globals()):
+                return torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as e:
+            reason = str(e).strip().splitlines()
+            culprit = next((line.strip() for line in reason if "GLOBAL" in line or "Unsupported" in line), reason[0])
+            raise CheckpointRefused(
+                f"{path}: refused to load: it holds objects other than weights ({culprit[:200]}); it was not "
+                "written by this pipeline or was tampered with. Delete the checkpoint directory to start over"
+            ) from None
 
 
 LossFn = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict[str, float]]]
@@ -136,6 +189,7 @@ class Engine:
         self.engine, _, _, _ = deepspeed_module().initialize(
             model=model, model_parameters=params, config=self.ds_config, lr_scheduler=lr_schedule(cfg, total_steps)
         )
+        self.engine.checkpoint_engine = WeightsOnlyLoading(self.engine.checkpoint_engine)
         self.device = self.engine.device
 
     @property
@@ -143,11 +197,13 @@ class Engine:
         return self.engine.module
 
     def train_step(self, micro_batches: list[dict], loss_fn: LossFn) -> dict[str, float]:
-        """One optimizer step over this rank's micro-batches; returns metrics averaged over micro-batches and ranks."""
+        """One optimizer step over this rank's micro-batches; returns metrics averaged over micro-batches and ranks,
+        and `tokens`, the tokens (attention-mask ones) of the step summed over ranks."""
         import torch.distributed as dist
 
         self.engine.train()
         totals: dict[str, float] = {}
+        tokens = sum(count_tokens(batch) for batch in micro_batches)
         for batch in micro_batches:
             batch = to_device(batch, self.device)
             loss, metrics = loss_fn(self.engine, batch)
@@ -156,10 +212,12 @@ class Engine:
             for k, v in {"loss": loss.item(), **metrics}.items():
                 totals[k] = totals.get(k, 0.0) + v / len(micro_batches)
         keys = sorted(totals)
-        t = torch.tensor([totals[k] for k in keys], dtype=torch.float64, device=self.device)  # NCCL: GPU tensors only
+        t = torch.tensor([totals[k] for k in keys] + [tokens], dtype=torch.float64, device=self.device)  # NCCL: GPU
         dist.all_reduce(t)
-        out = {k: v / self.world_size for k, v in zip(keys, t.tolist())}
+        *means, tokens = t.tolist()
+        out = {k: v / self.world_size for k, v in zip(keys, means)}
         out["lr"] = self.engine.get_lr()[0]
+        out["tokens"] = tokens
         return out
 
     def save_checkpoint(self, ckpt_dir: Path, step: int, client_state: dict) -> None:
@@ -240,7 +298,10 @@ def train_loop(
     bar = tqdm(range(start, engine.total_steps), desc=desc, disable=not is_main_process(), dynamic_ncols=True,
                initial=start, total=engine.total_steps, mininterval=1.0)
     for step in bar:
+        started = time.perf_counter()
         metrics = engine.train_step(batches_for_step(step), loss_fn)
+        seconds = time.perf_counter() - started
+        tokens = metrics.pop("tokens")
         if not all(math.isfinite(v) for v in metrics.values()):
             last = (ckpt_dir / "latest").read_text().strip() if (ckpt_dir / "latest").is_file() else None
             raise TrainingDiverged(
@@ -248,7 +309,9 @@ def train_loop(
                 + (f"the last good checkpoint is {ckpt_dir / last}" if last else "no checkpoint was written yet")
                 + " (lower the learning rate, or check the data)"
             )
-        history.append({"step": step + 1, **{k: round(v, 6) for k, v in metrics.items()}})
+        # Time and throughput of the step (batch building included), beside the losses in the loss-curve file.
+        history.append({"step": step + 1, **{k: round(v, 6) for k, v in metrics.items()},
+                        "step_seconds": round(seconds, 4), "tokens_per_second": round(tokens / max(seconds, 1e-9), 1)})
         bar.set_postfix(loss=f"{metrics['loss']:.4f}")
         done = step + 1
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < engine.total_steps:

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import csv
 import logging
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pipeline.common.atomic import atomic_file
 from pipeline.common.distributed import init_distributed
-from pipeline.common.errors import ParamError
+from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import build_model, check_vocab, count_parameters, load_model, load_tokenizer, save_model
-from pipeline.common.params import section
+from pipeline.common.params import check_keys, origins_of, section
 from pipeline.data.batching import StepSchedule, pad_batch
 from pipeline.data.config import DataConfig
 from pipeline.data.templates import EncodedSample, encode_rows, get_template
@@ -42,24 +41,27 @@ JOB_KEYS = {"init", "splits", "tokenizer", "train", "trust_remote_code"}
 
 
 def job_from_params(params: dict, name: str) -> FinetuneJob:
+    """Model NAME of `finetune.models`: its init and splits, and `finetune.train` with its own `train:` overrides."""
+    check_keys(section(params, "finetune"), ("train", "models"), "finetune")
+    model_section = check_keys(params.get("model") or {}, ("config",), "model")
     models = section(params, "finetune.models")
     if name not in models:
         raise ParamError(f"finetune.models: no model named '{name}' (have {sorted(models)})")
-    spec = models[name]
-    unknown = set(spec) - JOB_KEYS
-    if unknown:
-        raise ParamError(f"finetune.models.{name}: unknown parameter(s) {sorted(unknown)}")
-    if not spec.get("splits"):
-        raise ParamError(f"finetune.models.{name}.splits: at least one split is needed")
-    train = {**section(params, "finetune.train"), **spec.get("train", {})}
+    spec = check_keys(models[name], JOB_KEYS, f"finetune.models.{name}")
+    if not spec.get("splits") or not isinstance(spec["splits"], list):
+        raise ParamError(f"finetune.models.{name}.splits: a list of at least one split is needed")
+    base, overrides = section(params, "finetune.train"), spec.get("train", {})
+    if not isinstance(overrides, dict):
+        raise ParamError(f"finetune.models.{name}.train: expected a mapping such as {{epochs: 30}}")
+    origins = origins_of(**{"finetune.train": base, f"finetune.models.{name}.train": overrides})
     return FinetuneJob(
         name=name,
         init=str(spec.get("init", "scratch")),
         splits=list(spec["splits"]),
-        train=TrainConfig.from_params(train, f"finetune.models.{name}.train"),
+        train=TrainConfig.from_params({**base, **overrides}, f"finetune.models.{name}.train", origins),
         data=DataConfig.from_params(section(params, "data")),
         tokenizer=spec.get("tokenizer"),
-        model_config=dict(params.get("model", {}).get("config", {})),
+        model_config=dict(model_section.get("config") or {}),
         trust_remote_code=bool(spec.get("trust_remote_code", False)),
     )
 
@@ -71,8 +73,12 @@ def load_samples(job: FinetuneJob, tokenizer) -> list[EncodedSample]:
     for split in job.splits:
         rows = load_split(job.data.source, split)
         where = f"{job.data.source}/{split}.json"
-        samples += encode_rows(tokenizer, template, rows, job.data.max_length, where, job.data.skip_too_long,
-                               on_skip=lambda i, w=where: skipped.append(f"{w}:{i}"))
+        encoded = encode_rows(tokenizer, template, rows, job.data.max_length, where, job.data.skip_too_long,
+                              on_skip=lambda i, w=where: skipped.append(f"{w}:{i}"))
+        if not encoded:  # a split must never drop out of training without a word
+            raise DataError(f"{where}: every one of its {len(rows)} rows is longer than data.max_length="
+                            f"{job.data.max_length} (skip_too_long skipped them all); raise max_length")
+        samples += encoded
     if skipped:
         log.warning("skipped %d rows longer than max_length=%d (first: %s)", len(skipped), job.data.max_length,
                     skipped[0])
@@ -86,7 +92,7 @@ def run_finetune(job: FinetuneJob, out_dir: Path, ckpt_dir: Path, plot_file: Pat
     samples = load_samples(job, tokenizer)
     t = job.train
     schedule = StepSchedule(len(samples), t.micro_batch_size, t.grad_accum, world_size, t.seed)
-    total_steps = max(1, math.ceil(t.epochs * schedule.steps_per_epoch))
+    total_steps = t.total_steps(schedule.steps_per_epoch)
     keep_alive = zero3_loading(deepspeed_config(t, world_size, total_steps))  # noqa: F841
     if job.init == "scratch":
         if not job.model_config:
@@ -120,7 +126,7 @@ def run_finetune(job: FinetuneJob, out_dir: Path, ckpt_dir: Path, plot_file: Pat
 def write_history(history: list[dict], path: Path) -> None:
     """The per-step metrics as CSV: a DVC plot."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fields = list(history[0]) if history else ["step", "loss", "lr"]
+    fields = list(dict.fromkeys(k for row in history for k in row)) or ["step", "loss", "lr"]
     with atomic_file(path) as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()

@@ -112,8 +112,16 @@ class ForgetStream:
         delta, _ = _list_column(table, "delta", np.float64)
         entropy, _ = _list_column(table, "entropy", np.float64)
         logp, _ = _list_column(table, "logp_orig", np.float64)
+        sample_ids = table.column("sample_id").to_pylist()
+        for name, values in (("delta", delta), ("entropy", entropy), ("logp_orig", logp)):
+            bad = np.flatnonzero(scored & ~np.isfinite(values))  # NaN is expected only where a token is not scored
+            if bad.size:
+                row = int(np.searchsorted(off, bad[0], side="right")) - 1
+                kind = "NaN" if np.isnan(values[bad[0]]) else "inf"
+                raise DataError(f"{file}: column '{name}' holds {kind} at a scored token (sample {sample_ids[row]}, "
+                                f"position {bad[0] - off[row]}; {bad.size} such values): rerun `attribute`")
         out = []
-        for row, sample_id in enumerate(table.column("sample_id").to_pylist()):
+        for row, sample_id in enumerate(sample_ids):
             s = slice(off[row], off[row + 1])
             if not scored[s].any():
                 raise DataError(f"{file}: sample {sample_id} has no scored token")

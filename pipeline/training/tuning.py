@@ -19,7 +19,7 @@ from typing import Callable
 
 from pipeline.common.atomic import write_json
 from pipeline.common.errors import DataError, ParamError
-from pipeline.common.params import dataclass_from_params
+from pipeline.common.params import Rule, between, check_rules, dataclass_from_params
 from pipeline.common.plots import pyplot, save_figure
 
 log = logging.getLogger(__name__)
@@ -35,10 +35,9 @@ class TuneConfig:
     @classmethod
     def from_params(cls, values: dict, where: str = "tune") -> "TuneConfig":
         cfg = dataclass_from_params(cls, values, where)
-        if not cfg.lrs or not all(isinstance(x, (int, float)) and x > 0 for x in cfg.lrs):
-            raise ParamError(f"{where}.lrs: a non-empty list of positive learning rates, got {cfg.lrs!r}")
-        if not 0 < cfg.utility_floor <= 1:
-            raise ParamError(f"{where}.utility_floor={cfg.utility_floor!r}: must be in (0, 1]")
+        lrs = Rule(lambda v: bool(v) and all(isinstance(x, (int, float)) and x > 0 for x in v),
+                   "a non-empty list of positive learning rates")
+        check_rules(cfg, {"lrs": lrs, "utility_floor": between(0, 1, lo_open=True)}, where)
         for group, runs in cfg.groups.items():
             if not isinstance(runs, list) or not runs:
                 raise ParamError(f"{where}.groups.{group}: a non-empty list of run names")

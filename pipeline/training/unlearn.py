@@ -8,20 +8,23 @@ activation matching) is added to every method.
 
 from __future__ import annotations
 
+import json
 import logging
-import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from pipeline.attribution.shards import read_manifest
 from pipeline.attribution.weights import WEIGHTING
-from pipeline.common.atomic import atomic_dir
-from pipeline.common.distributed import init_distributed
+from pipeline.common.atomic import atomic_dir, write_json
+from pipeline.common.distributed import init_distributed, is_main_process
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import check_vocab, load_model, load_tokenizer, write_model
-from pipeline.common.params import dataclass_from_params, section
+from pipeline.common.params import (at_least, between, check_keys, check_rules, dataclass_from_params, one_of,
+                                    origins_of, positive, section)
+from pipeline.common.runs import COMPLETE_RECORD, SEED_RECORD, seed_dir
 from pipeline.data.batching import StepSchedule, pad_batch
 from pipeline.data.config import DataConfig
 from pipeline.data.templates import EncodedSample, encode_rows, encode_texts, get_template
@@ -57,18 +60,21 @@ class UnlearnConfig:
     trust_remote_code: bool = False
 
     @classmethod
-    def from_params(cls, values: dict, where: str) -> "UnlearnConfig":
-        cfg = dataclass_from_params(cls, values, where)
-        checks = [("method", cfg.method in METHODS), ("weighting", cfg.weighting in WEIGHTING),
-                  ("r", 0 < cfg.r <= 1), ("tau", cfg.tau > 0), ("alpha", 0 <= cfg.alpha <= 1),
-                  ("retain_loss", cfg.retain_loss in RETAIN_LOSSES), ("retain_weight", cfg.retain_weight >= 0),
-                  ("gamma", cfg.gamma >= 0), ("beta", cfg.beta > 0), ("rmu_layer", cfg.rmu_layer >= 1),
-                  ("retain_batch_size", cfg.retain_batch_size >= 0)]
-        for name, ok in checks:
-            if not ok:
-                options = {"method": METHODS, "retain_loss": RETAIN_LOSSES}.get(name)
-                choices = f" (choose from {sorted(options)})" if options else ""
-                raise ParamError(f"{where}.{name}={getattr(cfg, name)!r}: out of range{choices}")
+    def from_params(cls, values: dict, where: str, origins: dict[str, str] | None = None) -> "UnlearnConfig":
+        method = METHODS.get(values.get("method", cls.method))
+        if method is not None and method.own_retain:  # its own retain term, unless the values set one
+            values = {"retain_loss": method.own_retain[0], "retain_weight": method.own_retain[1], **values}
+        cfg = dataclass_from_params(cls, values, where, origins)
+        rules = {"method": one_of(sorted(METHODS)), "weighting": one_of(sorted(WEIGHTING)),
+                 "r": between(0, 1, lo_open=True), "tau": positive(), "alpha": between(0, 1),
+                 "retain_loss": one_of(sorted(RETAIN_LOSSES)), "retain_weight": at_least(0), "gamma": at_least(0),
+                 "beta": positive(), "rmu_layer": at_least(1), "retain_batch_size": at_least(0)}
+        check_rules(cfg, rules, where, origins)
+        own = METHODS[cfg.method].own_retain
+        if own and cfg.retain_loss != own[0]:
+            key = (origins or {}).get("retain_loss", f"{where}.retain_loss")
+            raise ParamError(f"{key}={cfg.retain_loss!r}: method {cfg.method} has its own retain term, "
+                             f"{own[0]} (for GA with another retain term, use method: ga)")
         return cfg
 
     @property
@@ -77,23 +83,41 @@ class UnlearnConfig:
 
     @property
     def retain(self) -> "RetainLoss | None":
-        """The retention term in use: the method's own (GradDiff's NLL) or `retain_loss`; None if off."""
-        name = METHODS[self.method].default_retain or self.retain_loss
-        return RETAIN_LOSSES[name] if name != "none" and self.retain_weight > 0 else None
+        """The retention term in use (`retain_loss`); None if off."""
+        return RETAIN_LOSSES[self.retain_loss] if self.retain_loss != "none" and self.retain_weight > 0 else None
+
+
+RUN_KEYS = ("model", "seeds", "train", "defaults", "runs")  # the keys of the `unlearn` section
 
 
 def run_configs(params: dict, name: str) -> tuple[UnlearnConfig, TrainConfig]:
     """Run NAME of `unlearn.runs`: its method config over `unlearn.defaults`, and its training config, which is
-    `unlearn.train` with the run's own `train:` overrides (a tuned learning rate, say)."""
+    `unlearn.train` with the run's own `train:` overrides (a tuned learning rate, say). A method with its own
+    retain term (GradDiff: NLL, λ = 1) takes it unless the run itself sets `retain_loss` or `retain_weight`."""
+    check_keys(section(params, "unlearn"), RUN_KEYS, "unlearn")
     runs = section(params, "unlearn.runs")
     if name not in runs:
         raise ParamError(f"unlearn.runs: no run named '{name}' (have {sorted(runs)})")
-    spec, where = dict(runs[name]), f"unlearn.runs.{name}"
+    where = f"unlearn.runs.{name}"
+    spec = runs[name]
+    if not isinstance(spec, dict):
+        raise ParamError(f"{where}: expected a mapping such as {{method: ga, weighting: hard}}")
+    spec = dict(spec)
     overrides = spec.pop("train", {})
     if not isinstance(overrides, dict):
         raise ParamError(f"{where}.train: expected a mapping such as {{lr: 1.0e-4}}")
-    cfg = UnlearnConfig.from_params({**section(params, "unlearn.defaults"), **spec}, where)
-    train = TrainConfig.from_params({**section(params, "unlearn.train"), **overrides}, f"{where}.train")
+    defaults = dict(section(params, "unlearn.defaults") or {})
+    origins = origins_of(**{"unlearn.defaults": defaults, where: spec})
+    method = METHODS.get(spec.get("method", defaults.get("method")))
+    if method is not None and method.own_retain:
+        for key, value in zip(("retain_loss", "retain_weight"), method.own_retain):
+            if key not in spec:
+                defaults[key] = value
+                origins[key] = f"{where}.{key} (the method's own)"
+    cfg = UnlearnConfig.from_params({**defaults, **spec}, where, origins)
+    base = section(params, "unlearn.train")
+    train_origins = origins_of(**{"unlearn.train": base, f"{where}.train": overrides})
+    train = TrainConfig.from_params({**base, **overrides}, f"{where}.train", train_origins)
     return cfg, train
 
 
@@ -130,15 +154,17 @@ def _rmu(out: ForwardOut, batch: dict, cfg: UnlearnConfig) -> torch.Tensor:
 class Method:
     forget_loss: Callable[[ForwardOut, dict, UnlearnConfig], torch.Tensor]
     needs_hidden: bool = False
-    default_retain: str | None = None  # a method's own retention term, if it has one
+    own_retain: tuple[str, float] | None = None  # a method's own retain term and λ, as its authors define it
+    reads: tuple[str, ...] = ()                  # the UnlearnConfig fields its forget loss reads
 
 
 METHODS: dict[str, Method] = {
     "ga": Method(_ga),
-    "wga": Method(_wga),
-    "npo": Method(_npo),
-    "rmu": Method(_rmu, needs_hidden=True),
-    "graddiff": Method(_ga, default_retain="nll"),  # GA on forget plus NLL on retain
+    "wga": Method(_wga, reads=("gamma",)),
+    "npo": Method(_npo, reads=("beta",)),
+    "rmu": Method(_rmu, needs_hidden=True, reads=("rmu_layer", "rmu_steer", "rmu_update_layers")),
+    # GA on the forget set plus NLL on the retain set, equally weighted (open-unlearning's GradDiff: gamma = alpha = 1)
+    "graddiff": Method(_ga, own_retain=("nll", 1.0)),
 }
 
 
@@ -261,6 +287,57 @@ def load_retain(cfg: UnlearnConfig, data: DataConfig, tokenizer, forget_split: s
     return samples
 
 
+def params_used(cfg: UnlearnConfig) -> dict:
+    """The method params a run's weights depend on: the weighting's own (no τ for hard or uniform weights), the
+    forget loss's, and the retain term's. A change of any other param leaves the run's output byte-identical, so
+    DVC does not re-evaluate it."""
+    used = {"method": cfg.method, **cfg.weighting_spec.used(), "trust_remote_code": cfg.trust_remote_code}
+    used.update({k: getattr(cfg, k) for k in METHODS[cfg.method].reads})
+    if cfg.retain is not None:
+        used.update({k: getattr(cfg, k) for k in ("retain_loss", "retain_weight", "retain_split", "retain_corpus",
+                                                   "retain_batch_size")})
+        if cfg.retain_loss == "activation":
+            used["rmu_layer"] = cfg.rmu_layer
+    return used
+
+
+def seed_fingerprint(name: str, cfg: UnlearnConfig, train: TrainConfig, model_path: str, manifest: dict) -> str:
+    """What one seed's model depends on: the params it uses, the model and the forget shards (not the number of
+    processes, which gives the same weights)."""
+    return fingerprint({"name": name, "params": params_used(cfg), "train": asdict(train), "model": model_path,
+                        "shards": manifest["shards"], "source": manifest["metadata"].get("model_hash")})
+
+
+def run_unlearn_seeds(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataConfig, model_path: str,
+                      shard_dir: Path, out_dir: Path, ckpt_dir: Path, plots_dir: Path, seeds: list[int],
+                      resume: bool) -> list[dict]:
+    """Run NAME once per seed into `out_dir/seed{S}/`, then write `out_dir/complete.json` last: a killed run
+    has no record, so evaluation refuses it. With `resume`, a seed already finished with the same params is
+    skipped (and a seed killed midway continues from its checkpoint)."""
+    bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int)]
+    if bad or not seeds or len(set(seeds)) != len(seeds):
+        raise ParamError(f"unlearn.seeds={seeds!r}: a non-empty list of distinct integers")
+    init_distributed()
+    if is_main_process():
+        (out_dir / COMPLETE_RECORD).unlink(missing_ok=True)  # incomplete until every seed is done
+    manifest = read_manifest(shard_dir)
+    summaries, fingerprints = [], {}
+    for seed in seeds:
+        seed_train = replace(train, seed=seed)
+        fingerprints[str(seed)] = seed_fingerprint(name, cfg, seed_train, model_path, manifest)
+        record = seed_dir(out_dir, seed) / SEED_RECORD
+        if resume and record.is_file() and json.loads(record.read_text()).get("fingerprint") == \
+                fingerprints[str(seed)] and (plots_dir / f"seed{seed}.csv").is_file():
+            log.info("unlearn %s seed %d: already finished with these params (%s), skipped", name, seed, record)
+            summaries.append({"name": name, "seed": seed, "skipped": True})
+            continue
+        summaries.append(run_unlearn(name, cfg, seed_train, data, model_path, shard_dir, seed_dir(out_dir, seed),
+                                     ckpt_dir / f"seed{seed}", plots_dir / f"seed{seed}.csv", resume))
+    if is_main_process():
+        write_json(out_dir / COMPLETE_RECORD, {"run": name, "seeds": list(seeds), "fingerprints": fingerprints})
+    return summaries
+
+
 def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataConfig, model_path: str,
                 shard_dir: Path, out_dir: Path, ckpt_dir: Path, plot_file: Path, resume: bool) -> dict:
     """Unlearn and write `out_dir/model` (safetensors), `out_dir/token_weights.parquet` (the weights used) and
@@ -275,7 +352,7 @@ def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataCon
     # the global batch, so N processes see what one process with N-fold accumulation sees.
     retain_schedule = StepSchedule(len(retain), cfg.retain_batch_size or train.micro_batch_size, train.grad_accum,
                                    world_size, train.seed + 1)
-    total_steps = max(1, math.ceil(train.epochs * schedule.steps_per_epoch))
+    total_steps = train.total_steps(schedule.steps_per_epoch)
     ds_config = deepspeed_config(train, world_size, total_steps)
     keep_alive = zero3_loading(ds_config)  # noqa: F841
     model = load_model(model_path, trust_remote_code=cfg.trust_remote_code)
@@ -299,15 +376,16 @@ def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataCon
             out.append(batch)
         return out
 
-    run_id = fingerprint({"name": name, "cfg": asdict(cfg), "train": asdict(train), "model": model_path,
-                          "world_size": world_size, "shards": forget.manifest["shards"]})
-    history = train_loop(engine, batches_for_step, make_loss_fn(cfg, reference), ckpt_dir, run_id, resume,
-                         desc=f"unlearn {name}")
+    run_id = seed_fingerprint(name, cfg, train, model_path, forget.manifest)
+    # A checkpoint is partitioned by process: it is resumed only by the same number of processes.
+    history = train_loop(engine, batches_for_step, make_loss_fn(cfg, reference), ckpt_dir,
+                         fingerprint({"run": run_id, "world_size": world_size}), resume, desc=f"unlearn {name}")
 
     def write(state_dict: dict | None) -> None:
         with atomic_dir(out_dir) as tmp:
             write_model(engine.module, tokenizer, tmp / "model", state_dict)
             write_token_weights(forget, tmp / "token_weights.parquet")
+            write_json(tmp / SEED_RECORD, {"run": name, "seed": train.seed, "fingerprint": run_id})
         write_history(history, plot_file)
 
     engine.finish(write, ckpt_dir)

@@ -48,4 +48,3 @@ def download_command(cache_dir) -> None:
     cache = trankit_cache_dir(cache_dir)
     TrankitTagger(cache_dir=cache, allow_download=True)
     log.info("Trankit's English model is in %s; `tagger: auto` now uses Trankit", cache)
-

@@ -16,6 +16,7 @@ steps after building its engine; the ratio is reference-free / comparison. Time:
 
     python benchmarks/bench_reference_free.py                             # a 0.5B random Llama, CPU: ~25 min
     python benchmarks/bench_reference_free.py --hidden 512 --layers 8 --interleave --steps 6   # small, interleaved
+    python benchmarks/bench_reference_free.py --llama3-8b --offload       # Llama-3-8B's shape, on a GPU (or --lora)
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ VARIANTS = ("reference_free", "comparison")
 # grows with fragmentation, not with the tensors alive. Blocks of 1 MB and more are mmapped and returned on free:
 # the peak RSS then follows the live tensors (both variants alike).
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "1048576"}
+# --offload: ZeRO-3 with parameters and optimizer state in CPU memory (the engine's train-config keys).
+OFFLOAD = {"zero_stage": 3, "offload_optimizer": True, "offload_params": True}
 
 
 def peak_memory_mib() -> float:
@@ -85,11 +88,14 @@ def build(variant: str, args, work: Path):
     from tests.synthetic import write_synthetic_shards
 
     config = random_llama_config(args.hidden, args.layers, args.vocab, args.seq)
+    if args.llama3_8b:  # Llama-3-8B's own MLP width and grouped-query attention
+        config.intermediate_size, config.num_key_value_heads, config.rope_theta = 14336, 8, 500000.0
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     train = TrainConfig.from_params({"lr": 1e-5, "micro_batch_size": args.batch,
                                      "gradient_checkpointing": args.checkpointing,
-                                     "lora": {"r": 16, "alpha": 32} if args.lora else {}}, "bench")
+                                     "lora": {"r": 16, "alpha": 32} if args.lora else {},
+                                     **(OFFLOAD if args.offload else {})}, "bench")
     cfg = UnlearnConfig(method="npo", weighting="uniform", retain_loss="kl", retain_weight=0.1)
     shards = work / f"shards-{variant}"
     if not shards.exists():
@@ -132,7 +138,7 @@ def run_variant(variant: str, args) -> dict:
     init_distributed()
     with tempfile.TemporaryDirectory() as work:
         engine, loss_fn, data = build(variant, args, Path(work))
-        params_m = sum(p.numel() for p in engine.module.parameters()) / 1e6
+        params_m = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters()) / 1e6  # ZeRO-3: partitioned
         times = []
         for step in range(args.steps + 1):
             start = time.perf_counter()
@@ -179,8 +185,13 @@ def main() -> None:
     p.add_argument("--no-checkpointing", dest="checkpointing", action="store_false",
                    help="keep every layer's activations (both variants)")
     p.add_argument("--lora", action="store_true", help="both variants train LoRA adapters (r 16, every linear layer)")
+    p.add_argument("--offload", action="store_true",
+                   help="both variants under ZeRO-3 with parameters and optimizer state offloaded to CPU memory")
     p.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # a child process's one variant
+    p.add_argument("--llama3-8b", action="store_true", help="Llama-3-8B's shape (hidden 4096, 32 layers, 128k vocab)")
     args = p.parse_args()
+    if args.llama3_8b:
+        args.hidden, args.layers, args.vocab = 4096, 32, 128256
     if args.variant:
         print(json.dumps(run_variant(args.variant, args)), flush=True)
         return

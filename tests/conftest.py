@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,29 @@ def load_weights(model_dir: Path) -> dict:
     from safetensors.torch import load_file
 
     return load_file(str(model_dir / "model.safetensors"))
+
+
+@contextmanager
+def killed_at_step(n: int):
+    """A run inside the block dies at its engine's n-th train_step (a KeyboardInterrupt, as a kill would stop it);
+    the block must end that way. The real train_step is back after the block."""
+    import pipeline.training.engine as engine_mod
+
+    real_step, calls = engine_mod.Engine.train_step, 0
+
+    def dying_step(self, *args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == n:
+            raise KeyboardInterrupt
+        return real_step(self, *args, **kwargs)
+
+    engine_mod.Engine.train_step = dying_step
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            yield
+    finally:
+        engine_mod.Engine.train_step = real_step
 
 
 @pytest.fixture(scope="session")

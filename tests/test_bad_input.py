@@ -14,7 +14,7 @@ import yaml
 from pipeline.common.errors import DataError, ParamError
 from pipeline.data.config import DataConfig
 
-from .conftest import ATTRIBUTION, TINY_MODEL, load_weights, micro_params
+from .conftest import ATTRIBUTION, TINY_MODEL, killed_at_step, load_weights, micro_params
 
 TRAIN = {"epochs": 1, "lr": 1e-3, "micro_batch_size": 2, "warmup_ratio": 0.0, "seed": 0}
 
@@ -72,26 +72,15 @@ class Planted:
         return (open, (self.marker, "w"))
 
 
-def test_resume_never_unpickles_a_planted_checkpoint(micro_world_dir, micro_tokenizer_dir, tmp_path, monkeypatch):
+def test_resume_never_unpickles_a_planted_checkpoint(micro_world_dir, micro_tokenizer_dir, tmp_path):
     import torch
 
-    import pipeline.training.engine as engine_mod
     from pipeline.training.engine import CheckpointRefused
     from pipeline.training.finetune import job_from_params, run_finetune
 
     job = job_from_params(micro_params(micro_world_dir, micro_tokenizer_dir, checkpoint_every=1), "m")
-    real_step, calls = engine_mod.Engine.train_step, {"n": 0}
-
-    def dying_step(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return real_step(self, *args, **kwargs)
-
-    monkeypatch.setattr(engine_mod.Engine, "train_step", dying_step)
-    with pytest.raises(KeyboardInterrupt):
+    with killed_at_step(3):
         run_finetune(job, tmp_path / "model", tmp_path / "ckpt", tmp_path / "loss.csv", resume=True)
-    monkeypatch.setattr(engine_mod.Engine, "train_step", real_step)
     latest = (tmp_path / "ckpt" / "latest").read_text().strip()
     states = tmp_path / "ckpt" / latest / "mp_rank_00_model_states.pt"
     state = torch.load(states, weights_only=False)  # the test's own file

@@ -11,7 +11,7 @@ from pipeline.data.templates import IGNORE_INDEX, TEMPLATES, encode_qa
 from pipeline.training.engine import TrainConfig, deepspeed_config, lr_schedule
 from pipeline.training.finetune import job_from_params, run_finetune
 
-from .conftest import load_weights, micro_params, read_curve, run_two_processes
+from .conftest import killed_at_step, load_weights, micro_params, read_curve, run_two_processes
 
 
 def test_schedule_covers_every_sample_once_per_epoch_and_splits_ranks():
@@ -78,26 +78,13 @@ def test_zero0_and_zero2_train_the_same_in_one_process(micro_world_dir, micro_to
     assert model.config.hidden_size == 32
 
 
-def test_a_killed_run_resumed_ends_with_the_same_weights(micro_world_dir, micro_tokenizer_dir, tmp_path,
-                                                          monkeypatch):
-    import pipeline.training.engine as engine_mod
-
+def test_a_killed_run_resumed_ends_with_the_same_weights(micro_world_dir, micro_tokenizer_dir, tmp_path):
     params = micro_params(micro_world_dir, micro_tokenizer_dir, zero_stage=2, checkpoint_every=3, epochs=2)
     full_curve, full_weights = _finetune(params, tmp_path, "uninterrupted")
 
-    real_step, calls = engine_mod.Engine.train_step, {"n": 0}
-
-    def dying_step(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 5:  # after the checkpoint at step 3
-            raise KeyboardInterrupt
-        return real_step(self, *args, **kwargs)
-
-    monkeypatch.setattr(engine_mod.Engine, "train_step", dying_step)
-    with pytest.raises(KeyboardInterrupt):
+    with killed_at_step(5):  # after the checkpoint at step 3
         _finetune(params, tmp_path, "resumed")
     assert not (tmp_path / "resumed" / "model").exists()  # no half-written model
-    monkeypatch.setattr(engine_mod.Engine, "train_step", real_step)
     curve, weights = _finetune(params, tmp_path, "resumed", resume=True)
     assert curve == full_curve
     assert weights.keys() == full_weights.keys()

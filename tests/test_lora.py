@@ -14,7 +14,7 @@ from pipeline.training.finetune import job_from_params, run_finetune
 from pipeline.training.lora import LoraSpec, apply_lora, reference_view
 from pipeline.training.unlearn import METHODS, run_configs, run_unlearn
 
-from .conftest import TINY_MODEL, load_weights, micro_params, read_curve
+from .conftest import TINY_MODEL, killed_at_step, load_weights, micro_params, read_curve
 
 LORA = {"r": 4, "alpha": 8}
 TRAIN = {"epochs": 2, "lr": 3e-3, "micro_batch_size": 2, "warmup_ratio": 0.0, "seed": 0}
@@ -227,25 +227,13 @@ def test_zero3_trains_lora_as_zero0_does(micro_world_dir, micro_tokenizer_dir, m
 
 
 def test_a_killed_lora_run_with_dropout_resumes_to_the_same_weights(micro_world_dir, micro_tokenizer_dir,
-                                                                    micro_model_dir, tmp_path, monkeypatch):
+                                                                    micro_model_dir, tmp_path):
     """LoRA dropout draws random masks: the checkpoint keeps the random state, so a resumed run draws the same."""
-    import pipeline.training.engine as engine_mod
-
     args = (tmp_path, micro_world_dir, micro_tokenizer_dir, micro_model_dir)
     train = dict(max_steps=5, checkpoint_every=2, lr=1e-2, lora={**LORA, "dropout": 0.3})
     full_curve, full = _finetune(*args, "full", **train)
-    real_step, calls = engine_mod.Engine.train_step, {"n": 0}
-
-    def dying_step(self, *a, **k):
-        calls["n"] += 1
-        if calls["n"] == 4:  # after the checkpoint at step 2, and one more step
-            raise KeyboardInterrupt
-        return real_step(self, *a, **k)
-
-    monkeypatch.setattr(engine_mod.Engine, "train_step", dying_step)
-    with pytest.raises(KeyboardInterrupt):
+    with killed_at_step(4):  # after the checkpoint at step 2, and one more step
         _finetune(*args, "resumed", **train)
-    monkeypatch.setattr(engine_mod.Engine, "train_step", real_step)
     curve, resumed = _finetune(*args, "resumed", resume=True, **train)
     assert curve == full_curve
     full, resumed = load_weights(full), load_weights(resumed)

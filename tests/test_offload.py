@@ -7,7 +7,7 @@ import yaml
 
 from pipeline.training.finetune import job_from_params, run_finetune
 
-from .conftest import load_weights, micro_params, read_curve, run_two_processes
+from .conftest import killed_at_step, load_weights, micro_params, read_curve, run_two_processes
 
 OFFLOAD = {"zero_stage": 3, "offload_optimizer": True, "offload_params": True}
 TRAIN = {"max_steps": 6, "micro_batch_size": 2}
@@ -109,27 +109,14 @@ def test_optimizer_offload_at_zero_1_and_2_trains_as_torchs_adamw(micro_world_di
         assert torch.allclose(weights[name], expected[name], rtol=RTOL, atol=ATOL_ADAM), name
 
 
-def test_a_killed_offloaded_run_resumes_to_the_same_weights(micro_world_dir, micro_tokenizer_dir, tmp_path,
-                                                            monkeypatch):
+def test_a_killed_offloaded_run_resumes_to_the_same_weights(micro_world_dir, micro_tokenizer_dir, tmp_path):
     """The CPU Adam's state and the offloaded partitions go into the checkpoint and come back (read with the
     weights-only loader's allow-list). Equal to the last bits only: the CPU Adam keeps β^t as a running float
     product, and after a resume computes it once with pow (measured: 1.2e-7 at most on the weights)."""
-    import pipeline.training.engine as engine_mod
-
     params = micro_params(micro_world_dir, micro_tokenizer_dir, **OFFLOAD, **TRAIN, checkpoint_every=2)
     full_curve, full = _one_process(params, tmp_path, "full")
-    real_step, calls = engine_mod.Engine.train_step, {"n": 0}
-
-    def dying_step(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 4:  # after the checkpoint at step 2, and one more step
-            raise KeyboardInterrupt
-        return real_step(self, *args, **kwargs)
-
-    monkeypatch.setattr(engine_mod.Engine, "train_step", dying_step)
-    with pytest.raises(KeyboardInterrupt):
+    with killed_at_step(4):  # after the checkpoint at step 2, and one more step
         _one_process(params, tmp_path, "resumed")
-    monkeypatch.setattr(engine_mod.Engine, "train_step", real_step)
     job = job_from_params(params, "m")
     out = tmp_path / "resumed"
     run_finetune(job, out / "model", out / "ckpt", out / "loss.csv", resume=True)

@@ -13,7 +13,7 @@ from pipeline.training.engine import TrainConfig
 from pipeline.training.forget_stream import ForgetStream
 from pipeline.training.unlearn import METHODS, UnlearnConfig, load_retain, run_configs, run_unlearn
 
-from .conftest import ATTRIBUTION, load_weights
+from .conftest import ATTRIBUTION, killed_at_step, load_weights
 
 TRAIN = {"epochs": 2, "lr": 1e-3, "micro_batch_size": 2, "warmup_ratio": 0.0, "seed": 0}
 
@@ -78,24 +78,12 @@ def test_unknown_method_is_an_error():
 
 def test_killed_and_resumed_unlearning_ends_with_the_same_weights(attribution_dir, micro_model_dir,
                                                                   micro_world_dir, tmp_path, monkeypatch):
-    import pipeline.training.engine as engine_mod
-
     shards = attribution_dir[0] / "shards"
     monkeypatch.setitem(TRAIN, "checkpoint_every", 1)
     full = load_weights(_run(tmp_path, micro_model_dir, shards, micro_world_dir, "full", method="npo",
                              weighting="soft") / "model")
-    real_step, calls = engine_mod.Engine.train_step, {"n": 0}
-
-    def dying_step(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt
-        return real_step(self, *args, **kwargs)
-
-    monkeypatch.setattr(engine_mod.Engine, "train_step", dying_step)
-    with pytest.raises(KeyboardInterrupt):
+    with killed_at_step(2):
         _run(tmp_path, micro_model_dir, shards, micro_world_dir, "resumed", method="npo", weighting="soft")
-    monkeypatch.setattr(engine_mod.Engine, "train_step", real_step)
     resumed = load_weights(_run(tmp_path, micro_model_dir, shards, micro_world_dir, "resumed", resume=True,
                                 method="npo", weighting="soft") / "model")
     for name in full:

@@ -9,7 +9,7 @@ export HF_HOME ?= $(CURDIR)/.cache/huggingface
 export DS_ACCELERATOR ?= cpu
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test tune corpus tofu clean-artifacts
+.PHONY: setup demo test tune corpus tofu heldout clean-artifacts
 
 setup: $(STAMP)
 
@@ -41,6 +41,11 @@ tofu: setup
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests
+
+# The held-out world of issue 17 (after `make demo` and `make corpus`, whose attribution metrics make the choice):
+# its own world, tokenizer and models, attributed with every variant, and the comparison (artifacts/heldout/).
+heldout: setup
+	$(VENV)/bin/dvc repro experiments/heldout/dvc.yaml
 
 clean-artifacts:
 	rm -rf artifacts/*

@@ -18,12 +18,15 @@ log = logging.getLogger(__name__)
 @params_options
 @click.option("--lexicon", default="data/world", show_default=True, type=click.Path(file_okay=False),
               help="Directory with lexicon.json and templates.json.")
+@click.option("--templates", default=None, type=click.Path(dir_okay=False),
+              help="Another templates file instead of the lexicon directory's (e.g. data/world_heldout/templates.json: "
+                   "the held-out world's phrasings).")
 @click.option("--out", default="artifacts/world", show_default=True, type=click.Path(file_okay=False),
               help="Output directory: one <split>.json per TOFU split, plus annotations, authors, biographies.")
-def command(params: dict, lexicon: str, out: str) -> None:
+def command(params: dict, lexicon: str, templates: str | None, out: str) -> None:
     """Generate the fictitious world from a seed (params: world)."""
     cfg = dataclass_from_params(WorldConfig, section(params, "world"), "world")
-    world = generate_world(WorldSpec.load(lexicon), cfg)
+    world = generate_world(WorldSpec.load(lexicon, templates), cfg)
     with hold_outputs(out):
         write_world(world, Path(out))
     log.info("wrote %s: %s", out, ", ".join(f"{k}={v}" for k, v in world.manifest["counts"].items()))

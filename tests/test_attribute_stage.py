@@ -66,7 +66,8 @@ def test_metrics_report_counts_and_quality(attribution_dir):
     metrics = json.loads((attribution_dir[0] / "metrics.json").read_text())
     assert metrics["no_noun"] == 0 and metrics["tagger"] == "spacy"
     quality = metrics["quality"]["r=0.2"]
-    assert set(quality) == {"phi", "delta", "entropy", "random"}
+    # without attribution.signals: the variants of the paper's columns alone, and a random choice
+    assert set(quality) == {"phi", "delta", "entropy", "signed", "random"}
     assert all(0 <= v["precision"] <= 1 and 0 <= v["recall"] <= 1 for v in quality.values())
 
 

@@ -220,3 +220,17 @@ def test_comparison_marks_differences_beyond_the_spread(tmp_path):
     # One seed: a std of 0 is no spread, so no difference is marked.
     single = comparison_table([row("ga", "uniform", 0.30, 0.0, [0]), row("t_ga", "hard", 0.40, 0.0, [0])])
     assert "| +0.100 |" in single.splitlines()[2]
+
+
+def test_comparison_sets_a_variant_score_against_the_same_run_with_phi():
+    from pipeline.evaluation.report import Row, comparison_table
+
+    def row(name, weighting, fes, score="phi"):
+        return Row(name, name.upper(), "ga", weighting, {"forget_es": fes, "forget_es_std": 0.01, "seeds": [0, 1]},
+                   score)
+
+    lines = comparison_table([row("ga", "uniform", 0.30), row("t_ga", "hard", 0.40),
+                              row("t_ga_l", "hard", 0.20, "learned+span")]).splitlines()
+    assert lines[2].startswith("| T_GA − GA |") and lines[3].startswith("| T_GA_L − GA |")
+    assert lines[4].startswith("| T_GA_L − T_GA |") and "| -0.200 * |" in lines[4]
+    assert len(lines) == 5

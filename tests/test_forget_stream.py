@@ -68,7 +68,8 @@ def test_the_weights_file_holds_every_sample_in_shard_order(shards, tmp_path):
     table = pq.read_table(tmp_path / "w.parquet")
     assert table.column("sample_id").to_pylist() == list(range(40))
     assert all(sum(w) == pytest.approx(1.0) for w in table.column("weight").to_pylist())
-    assert json.loads(table.schema.metadata[b"tokenunlearn"]) == {"weighting": "soft", "tau": 0.5, "alpha": 0.7}
+    assert json.loads(table.schema.metadata[b"tokenunlearn"]) == {"weighting": "soft", "tau": 0.5, "alpha": 0.7,
+                                                               "score": "phi"}
     write_token_weights(ForgetStream(shards, Weighting("uniform", tau=9.0)), tmp_path / "u.parquet")
     uniform = pq.read_table(tmp_path / "u.parquet").schema.metadata[b"tokenunlearn"]
     assert json.loads(uniform) == {"weighting": "uniform"}

@@ -68,7 +68,8 @@ def test_stages_are_thin():
 COMMAND_MODULES = {"make-world": "world", "train-tokenizer": "tokenizer", "finetune": "finetune",
                    "check-models": "check_models", "attribute": "attribute", "reference": "reference",
                    "unlearn": "unlearn",
-                   "evaluate": "evaluate", "report": "report", "tune": "tune"}
+                   "evaluate": "evaluate", "report": "report", "tune": "tune",
+                   "compare-attribution": "compare_attribution"}
 
 
 def module_file(name: str) -> Path | None:

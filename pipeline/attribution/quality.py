@@ -1,5 +1,5 @@
 """Attribution quality against ground truth: how well each sample's top-r tokens find its fact tokens, where the
-data marks them (the embedded world's annotations)."""
+data marks them (the embedded world's annotations), for every variant the shards allow and a random choice."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.attribution.shards import iter_rows
-from pipeline.attribution.signals import attribution_score
+from pipeline.attribution.shards import iter_rows, read_manifest
+from pipeline.attribution.variants import SIGNAL_COLUMNS, available_scores, score_columns, variant_score
 from pipeline.attribution.weights import hard_weights
+
+ALWAYS = {"delta", "entropy", "logp_orig", "logp_mask"}  # the paper's columns, in every shard
 
 
 def topr_counts(score: np.ndarray, fact: np.ndarray, r: float) -> np.ndarray:
@@ -18,31 +20,97 @@ def topr_counts(score: np.ndarray, fact: np.ndarray, r: float) -> np.ndarray:
     return np.array([chosen.sum(), (chosen & fact).sum(), fact.sum()], dtype=np.float64)
 
 
-def attribution_quality(shard_dir: Path, rs: list[float], seed: int = 0) -> dict | None:
-    """Precision and recall of each sample's top-r tokens against its fact tokens (micro-averaged), for φ
-    (α = 0.7), Δ alone (α = 1), H alone (α = 0) and a random choice. None where the data has no fact spans."""
+def shard_scores(shard_dir: Path) -> list[str]:
+    """The variants a shard directory's columns allow (its metadata names the extra signals)."""
+    signals = read_manifest(shard_dir, verify=False)["metadata"].get("signals", [])
+    return available_scores(ALWAYS | {c for s in signals for c in SIGNAL_COLUMNS[s]})
+
+
+def precision_recall(counts: np.ndarray, seed: int = 0, n_boot: int = 1000) -> dict:
+    """Micro-averaged precision and recall from per-sample (selected, hits, facts) counts [samples, 3], with a 95%
+    bootstrap interval over samples."""
+    def pr(c):
+        return c[..., 1] / np.maximum(c[..., 0], 1), c[..., 1] / np.maximum(c[..., 2], 1)
+
+    precision, recall = pr(counts.sum(0))
     rng = np.random.default_rng(seed)
-    scorers = {
-        "phi": lambda d, h: attribution_score(d, h, 0.7),
-        "delta": lambda d, h: attribution_score(d, h, 1.0),
-        "entropy": lambda d, h: attribution_score(d, h, 0.0),
-        "random": lambda d, h: rng.random(len(d)),
-    }
-    counts = {(r, name): np.zeros(3) for r in rs for name in scorers}  # selected, hits, facts
+    boot = counts[rng.integers(0, len(counts), (n_boot, len(counts)))].sum(1)
+    bp, br = pr(boot)
+    return {"precision": float(precision), "recall": float(recall),
+            "precision_ci": [float(v) for v in np.quantile(bp, [0.025, 0.975])],
+            "recall_ci": [float(v) for v in np.quantile(br, [0.025, 0.975])]}
+
+
+def attribution_quality(shard_dir: Path, rs: list[float], alpha: float = 0.7, seed: int = 0) -> dict | None:
+    """Precision and recall of each sample's top-r tokens against its fact tokens (micro-averaged, with bootstrap
+    intervals over samples), for every variant of the shards (φ with α; Δ alone, H alone among them) and a random
+    choice. None where the data has no fact spans."""
+    rng = np.random.default_rng(seed)
+    names = shard_scores(shard_dir)
+    columns = sorted({c for name in names for c in score_columns(name)} | {"delta", "entropy"})
+    per_sample: dict[tuple, list] = {(r, name): [] for r in rs for name in [*names, "random"]}
     fact_tokens = scored_tokens = 0
-    for row in iter_rows(shard_dir, columns=["scored", "delta", "entropy", "fact"], verify=False):
+    for row in iter_rows(shard_dir, columns=["scored", "fact", *columns], verify=False):
         if row["fact"] is None:
             return None
         scored = np.array(row["scored"])
-        d, h = np.array(row["delta"])[scored], np.array(row["entropy"])[scored]
+        cols = {c: np.array(row[c], dtype=np.float64)[scored] for c in columns}
         fact = np.array(row["fact"])[scored]
         fact_tokens, scored_tokens = fact_tokens + fact.sum(), scored_tokens + len(fact)
-        for name, scorer in scorers.items():
-            score = scorer(d, h)
+        scores = {name: variant_score(name, cols, alpha) for name in names}
+        scores["random"] = rng.random(len(fact))
+        for name, score in scores.items():
             for r in rs:
-                counts[(r, name)] += topr_counts(score, fact, r)
-    out: dict = {"fact_token_share": float(fact_tokens / max(scored_tokens, 1))}
-    for (r, name), (selected, hits, facts) in counts.items():
-        out.setdefault(f"r={r}", {})[name] = {"precision": float(hits / max(selected, 1)),
-                                              "recall": float(hits / max(facts, 1))}
+                per_sample[(r, name)].append(topr_counts(score, fact, r))
+    out: dict = {"fact_token_share": float(fact_tokens / max(scored_tokens, 1)), "variants": names}
+    for (r, name), counts in per_sample.items():
+        out.setdefault(f"r={r}", {})[name] = precision_recall(np.array(counts), seed)
     return out
+
+
+def choose_variant(quality: dict, r: float = 0.2) -> tuple[str, dict]:
+    """The rule that picks a variant on the choice world: the highest F1 of top-r precision and recall (ties: the
+    earlier variant in the shards' order, cheaper bases first)."""
+    table = quality[f"r={r}"]
+    names = [n for n in quality["variants"] if n in table]
+
+    def f1(v):
+        p, rec = table[v]["precision"], table[v]["recall"]
+        return 2 * p * rec / (p + rec) if p + rec else 0.0
+
+    best = max(names, key=lambda n: (f1(n), -names.index(n)))
+    return best, {"rule": f"highest F1 of top-{r} precision and recall", "f1": f1(best)}
+
+
+def compare_variants(choose: dict, report: dict, r_choice: float = 0.2) -> tuple[str, dict]:
+    """The variant chosen on one world (`choose`: mode -> its attribution quality) and every variant's precision and
+    recall on the held-out world (`report`: mode -> quality), as Markdown and as metrics."""
+    lines, metrics = [], {}
+    for mode in report:
+        chosen, why = choose_variant(choose[mode], r_choice)
+        held, picked = report[mode], choose[mode][f"r={r_choice}"]
+        rs = sorted(k for k in held if k.startswith("r="))
+        metrics[mode] = {"chosen": chosen, **why, "choice_world": picked[chosen],
+                         "heldout": {r: {n: held[r][n] for n in dict.fromkeys([chosen, "phi", "entropy", "random"])}
+                                     for r in rs}}
+        lines += [f"## {mode} mode: chosen `{chosen}` ({why['rule']} on the choice world, F1 {why['f1']:.3f})", "",
+                  f"Held-out world: {held['fact_token_share']:.3f} of the scored tokens are facts. Precision / recall "
+                  "of each sample's top-r tokens (95% bootstrap interval over samples for r = 0.2); the choice "
+                  "world's r = 0.2 in the last column.", "",
+                  "| variant | " + " | ".join(f"held-out {r}" for r in rs) + f" | choice world r={r_choice} |",
+                  "|---|" + "---|" * (len(rs) + 1)]
+        order = sorted(held[f"r={r_choice}"], key=lambda n: -held[f"r={r_choice}"][n]["precision"])
+        for name in order:
+            cells = []
+            for r in rs:
+                v = held[r][name]
+                cell = f"{v['precision']:.3f} / {v['recall']:.3f}"
+                if r == f"r={r_choice}":
+                    cell += f" ({v['precision_ci'][0]:.2f}–{v['precision_ci'][1]:.2f})"
+                cells.append(cell)
+            c = picked.get(name)
+            cells.append(f"{c['precision']:.3f} / {c['recall']:.3f}" if c else "")
+            label = f"**{name}** (chosen)" if name == chosen else ("phi (the paper's)" if name == "phi" else name)
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines), metrics

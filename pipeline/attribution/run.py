@@ -20,9 +20,11 @@ import torch
 
 from pipeline import __version__
 from pipeline.attribution.quality import attribution_quality
-from pipeline.attribution.shards import MANIFEST, ShardInfo, ShardWriter, write_manifest
+from pipeline.attribution.shards import MANIFEST, ShardInfo, ShardWriter, shard_schema, write_manifest
 from pipeline.attribution.signals import AttributionInput, add_phi, build_qa_inputs, corpus_input, score_batch
-from pipeline.attribution.tagging import DEFAULT_UPOS, CachedTagger, make_tagger, tag_cache_file
+from pipeline.attribution.tagging import DEFAULT_UPOS, CachedTagger, make_tagger, tag_cache_file, with_upos
+from pipeline.attribution.variants import (CONTENT_UPOS, SIGNAL_COLUMNS, LearnedScorer, copied_tokens,
+                                           gradient_x_input, per_noun_deltas, phrase_spans, span_ids)
 from pipeline.common.atomic import atomic_dir, write_json
 from pipeline.common.distributed import broadcast_from_main, init_distributed, is_main_process
 from pipeline.common.errors import DataError, ParamError
@@ -52,6 +54,11 @@ class AttributionConfig:
     quality_r: list = field(default_factory=lambda: [0.2])
     trankit_cache: str = ""          # empty: ~/.cache/tokenunlearn/trankit
     trust_remote_code: bool = False
+    signals: list = field(default_factory=list)  # extra signals for the variants (pipeline/attribution/variants.py):
+                                                 # copy, span, per_noun, grad_x_input, learned
+    learned_split: str = "retain90"  # the learned scorer's training rows: QA a split of other authors; corpus:
+                                     # the corpus's passages not of `split`'s authors (this value is not read)
+    learned_max_samples: int = 500   # at most this many training rows (the first ones)
 
     @classmethod
     def from_params(cls, params: dict, where: str = "attribution") -> "AttributionConfig":
@@ -61,7 +68,10 @@ class AttributionConfig:
                  "rows_per_shard": at_least(1),
                  "upos": Rule(lambda v: bool(v) and all(isinstance(u, str) for u in v),
                               "a non-empty list of UPOS tags"),
-                 "quality_r": Rule(lambda v: all(0 < r <= 1 for r in v), "a list of fractions in (0, 1]")}
+                 "quality_r": Rule(lambda v: all(0 < r <= 1 for r in v), "a list of fractions in (0, 1]"),
+                 "signals": Rule(lambda v: isinstance(v, list) and set(v) <= set(SIGNAL_COLUMNS),
+                                 f"a list of signals from {sorted(SIGNAL_COLUMNS)}"),
+                 "learned_max_samples": at_least(1)}
         check_rules(cfg, rules, where)
         if cfg.mode == "corpus" and not cfg.corpus:
             raise ParamError(f"{where}.corpus: corpus mode needs a file of passages (JSON Lines with `text`)")
@@ -82,12 +92,20 @@ def mask_token_id(tokenizer, mask_token: str) -> tuple[str, int]:
     raise ParamError("attribution.mask_token: the tokenizer has no mask, unk, pad or eos token; set one")
 
 
-def _qa_facts(source: str) -> dict[str, list] | None:
-    """Ground-truth fact spans by question, where the data has them (the embedded world's annotations.json)."""
+def _qa_annotations(source: str) -> dict[str, dict] | None:
+    """Ground-truth annotations by question, where the data has them (the embedded world's annotations.json)."""
     path = Path(source) / "annotations.json"
     if not path.is_file():
         return None
-    return {a["question"]: [tuple(s) for s in a["answer_fact_spans"]] for a in read_json_records(path)}
+    return {a["question"]: a for a in read_json_records(path)}
+
+
+def _qa_facts(source: str) -> dict[str, list] | None:
+    """Ground-truth fact spans by question, where the data has them."""
+    annotations = _qa_annotations(source)
+    if annotations is None:
+        return None
+    return {q: [tuple(s) for s in a["answer_fact_spans"]] for q, a in annotations.items()}
 
 
 def load_records(cfg: AttributionConfig, data: DataConfig) -> tuple[list[dict], str]:
@@ -131,6 +149,95 @@ def iter_input_windows(cfg: AttributionConfig, data: DataConfig, records: list[d
         yield kept
 
 
+def learned_training_inputs(cfg: AttributionConfig, data: DataConfig, tokenizer, tagger,
+                            mask_id: int) -> list[AttributionInput]:
+    """The learned scorer's training samples, with their fact tokens: QA rows of `learned_split`, whose authors
+    must differ from `split`'s, or the corpus's passages of other authors than `split`'s."""
+    where = "attribution.signals: learned"
+    if cfg.mode == "qa":
+        annotations = _qa_annotations(data.source)
+        if annotations is None:
+            raise ParamError(f"{where} trains on annotated facts, and {data.source} has no annotations.json (only the "
+                             "embedded world has them): drop `learned` from attribution.signals")
+        rows = load_split(data.source, cfg.learned_split)[: cfg.learned_max_samples]
+        authors = lambda split_rows: {annotations.get(r["question"], {}).get("author") for r in split_rows} - {None}  # noqa: E731
+        shared = authors(rows) & authors(load_split(data.source, cfg.split))
+        if shared:
+            raise ParamError(f"attribution.learned_split={cfg.learned_split!r} shares {len(shared)} author(s) with "
+                             f"split {cfg.split!r} (e.g. {sorted(shared)[0]!r}): the scorer must be trained on other "
+                             "authors than it scores")
+        facts = {q: [tuple(s) for s in a["answer_fact_spans"]] for q, a in annotations.items()}
+        inputs = build_qa_inputs(rows, tokenizer, get_template(data.template), tagger, mask_id, facts)
+    else:
+        passages = load_passages(cfg.corpus, cfg.split, forget=False)[: cfg.learned_max_samples]
+        if not all("fact_spans" in p for p in passages):
+            raise ParamError(f"{where} trains on annotated facts, and {cfg.corpus}'s passages have no `fact_spans`: "
+                             "drop `learned` from attribution.signals")
+        spans = tagger.noun_spans([p["text"] for p in passages])
+        inputs = [corpus_input(i, tokenizer, p["text"], nouns, mask_id, [tuple(f) for f in p["fact_spans"]])
+                  for i, (p, nouns) in enumerate(zip(passages, spans))]
+    return [x for x in inputs if x.fact is not None and len(x.input_ids) <= data.max_length]
+
+
+def fit_learned_scorer(cfg: AttributionConfig, data: DataConfig, model, tokenizer, tagger,
+                       mask_id: int) -> tuple[LearnedScorer, dict]:
+    """Both passes over the training samples, then the logistic scorer on their fact tokens."""
+    inputs = learned_training_inputs(cfg, data, tokenizer, tagger, mask_id)
+    features, labels = [], []
+    for s in range(0, len(inputs), cfg.batch_size):
+        batch = inputs[s : s + cfg.batch_size]
+        for x, sig in zip(batch, score_batch(model, batch, tokenizer.pad_token_id, cfg.chunk_size, return_hidden=True)):
+            sc = np.array(x.scored)
+            features.append(LearnedScorer.features(sig.hidden_prev, sig.hidden_at, sig.delta[sc], sig.entropy[sc],
+                                                   sig.logp_orig[sc]))
+            labels.append(np.array(x.fact)[sc])
+    y = np.concatenate(labels) if labels else np.zeros(0, dtype=bool)
+    scorer = LearnedScorer.fit(np.concatenate(features) if features else np.zeros((0, 1)), y)
+    info = {"split": cfg.learned_split if cfg.mode == "qa" else f"{cfg.corpus} (other authors)",
+            "samples": len(inputs), "tokens": int(y.size), "fact_tokens": int(y.sum())}
+    log.info("learned scorer: trained on %d samples (%d tokens, %d facts)", info["samples"], info["tokens"],
+             info["fact_tokens"])
+    return scorer, info
+
+
+class ExtraSignals:
+    """The columns of `attribution.signals` for a batch, beside the paper's (see pipeline/attribution/variants.py
+    for what each costs)."""
+
+    def __init__(self, cfg: AttributionConfig, model, pad_id: int, content_tagger=None,
+                 scorer: LearnedScorer | None = None):
+        self.cfg, self.model, self.pad_id = cfg, model, pad_id
+        self.content_tagger, self.scorer = content_tagger, scorer
+
+    def __call__(self, batch: list[AttributionInput], signals: list) -> list[dict]:
+        names, cfg = set(self.cfg.signals), self.cfg
+        out: list[dict] = [{} for _ in batch]
+        if "copy" in names:
+            for row, x in zip(out, batch):
+                row["copied"] = copied_tokens(x)
+        if "span" in names:
+            regions = [x.region or (0, len(x.text)) for x in batch]
+            tags = self.content_tagger.noun_spans([x.text[a:b] for x, (a, b) in zip(batch, regions)])
+            for row, x, (a, _), spans in zip(out, batch, regions, tags):
+                row["span"] = span_ids(x, phrase_spans([(s + a, e + a) for s, e in spans], x.text))
+        if "per_noun" in names:
+            deltas = per_noun_deltas(self.model, batch, [s.logp_orig for s in signals], self.pad_id, cfg.batch_size,
+                                     cfg.chunk_size)
+            for row, (lo, hi) in zip(out, deltas):
+                row["delta_noun_min"], row["delta_noun_max"] = lo.tolist(), hi.tolist()
+        if "grad_x_input" in names:
+            for row, gx in zip(out, gradient_x_input(self.model, batch, self.pad_id, cfg.chunk_size)):
+                row["grad_x_input"] = gx.tolist()
+        if "learned" in names:
+            for row, x, sig in zip(out, batch, signals):
+                sc = np.array(x.scored)
+                full = np.full(len(sc), np.nan)
+                full[sc] = self.scorer.predict(LearnedScorer.features(
+                    sig.hidden_prev, sig.hidden_at, sig.delta[sc], sig.entropy[sc], sig.logp_orig[sc]))
+                row["learned"] = full.tolist()
+        return out
+
+
 def check_finite(signals, x: AttributionInput, model: str) -> None:
     """A model whose weights (or inputs) hold NaN or inf gives non-finite signals: refuse them, as stage two would."""
     for name in ("logp_orig", "logp_mask", "entropy"):
@@ -139,8 +246,8 @@ def check_finite(signals, x: AttributionInput, model: str) -> None:
                             "or inf); nothing was written")
 
 
-def _row(x: AttributionInput, split: str, s) -> dict:
-    return {
+def _row(x: AttributionInput, split: str, s, extra: dict) -> dict:
+    return {**extra,
         "sample_id": x.sample_id, "split": split, "text": x.text, "input_ids": x.input_ids,
         "positions": list(range(len(x.input_ids))),
         "token_start": [a for a, _ in x.offsets], "token_end": [b for _, b in x.offsets],
@@ -168,6 +275,13 @@ def run_attribution(cfg: AttributionConfig, data: DataConfig, out_dir: Path, met
     dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
     model = load_model(cfg.model, dtype=dtype, trust_remote_code=cfg.trust_remote_code).to(device).eval()
     check_vocab(model, tokenizer, cfg.model)
+    content_tagger = scorer = learned_info = None
+    if "span" in cfg.signals:
+        content_tagger = CachedTagger(with_upos(base_tagger, CONTENT_UPOS),
+                                      tag_cache_file(base_tagger, CONTENT_UPOS, cache_dir(), rank))
+    if "learned" in cfg.signals:
+        scorer, learned_info = fit_learned_scorer(cfg, data, model, tokenizer, tagger, mask_id)
+    extra_signals = ExtraSignals(cfg, model, tokenizer.pad_token_id, content_tagger, scorer)
 
     metadata = {
         "schema_version": 1, "mode": cfg.mode, "split": cfg.split, "model": cfg.model,
@@ -175,13 +289,18 @@ def run_attribution(cfg: AttributionConfig, data: DataConfig, out_dir: Path, met
         "template": data.template if cfg.mode == "qa" else None, "tagger": tagger.name,
         "tagger_version": tagger.version, "upos": sorted(cfg.upos), "mask_token": mask_token,
         "mask_token_id": mask_id, "alpha": cfg.alpha, "dataset_fingerprint": fingerprint,
-        "code_version": __version__,
+        "code_version": __version__, "signals": sorted(cfg.signals),
     }
+    if learned_info is not None:
+        metadata["learned"] = learned_info
     # Every process writes its shards into one temporary directory beside `out_dir`, which the main process
     # renames into place once the manifest is written, or removes if anything fails.
     with atomic_dir(out_dir) if is_main_process() else contextlib.nullcontext() as tmp:
         tmp = Path(broadcast_from_main(str(tmp) if tmp else None))
-        writer = ShardWriter(tmp, f"part-r{rank:03d}", cfg.rows_per_shard, metadata)
+        writer = ShardWriter(tmp, f"part-r{rank:03d}", cfg.rows_per_shard, metadata, shard_schema(cfg.signals))
+        if scorer is not None and is_main_process():
+            from safetensors.torch import save_file
+            save_file(scorer.state_dict(), str(tmp / "learned_scorer.safetensors"))
         local = {"samples": 0, "no_noun": 0, "scored_tokens": 0, "skipped": []}
         bar = tqdm(total=len(range(rank, len(records), world_size)), desc=f"attribute {cfg.split}",
                    disable=not is_main_process(), mininterval=1.0)
@@ -191,9 +310,12 @@ def run_attribution(cfg: AttributionConfig, data: DataConfig, out_dir: Path, met
             inputs.sort(key=lambda x: len(x.input_ids))  # similar lengths together: less padding per batch
             for s in range(0, len(inputs), cfg.batch_size):
                 batch = inputs[s : s + cfg.batch_size]
-                for x, signals in zip(batch, score_batch(model, batch, tokenizer.pad_token_id, cfg.chunk_size)):
-                    check_finite(signals, x, cfg.model)
-                    writer.add(_row(x, cfg.split, add_phi(signals, cfg.alpha)))
+                signals = score_batch(model, batch, tokenizer.pad_token_id, cfg.chunk_size,
+                                      return_hidden=scorer is not None)
+                for x, sig in zip(batch, signals):
+                    check_finite(sig, x, cfg.model)
+                for x, sig, extra in zip(batch, signals, extra_signals(batch, signals)):
+                    writer.add(_row(x, cfg.split, add_phi(sig, cfg.alpha), extra))
             bar.update(len(inputs) + len(local["skipped"]) - skipped_seen)
             skipped_seen = len(local["skipped"])
             local["samples"] += len(inputs)
@@ -222,7 +344,7 @@ def run_attribution(cfg: AttributionConfig, data: DataConfig, out_dir: Path, met
         if is_main_process():
             shards = [ShardInfo(**s) for g in gathered for s in g["shards"]]
             write_manifest(tmp, shards, metadata, summary)
-            quality = attribution_quality(tmp, cfg.quality_r)
+            quality = attribution_quality(tmp, cfg.quality_r, cfg.alpha)
         dist.barrier()  # every process is done with the temporary directory before it is renamed
     if is_main_process():
         if metrics_file is not None:

@@ -42,6 +42,32 @@ SCHEMA = pa.schema([
     ("phi", f32),
     ("fact", pa.list_(pa.bool_())),          # ground truth where the data has it (the embedded world), else null
 ])
+# The extra signals stage one can compute (attribution.signals; pipeline/attribution/variants.py), the columns
+# each writes after the paper's, and their types.
+SIGNAL_COLUMNS: dict[str, tuple[str, ...]] = {
+    "copy": ("copied",),
+    "span": ("span",),
+    "per_noun": ("delta_noun_min", "delta_noun_max"),
+    "grad_x_input": ("grad_x_input",),
+    "learned": ("learned",),
+}
+EXTRA_COLUMNS = {
+    "copied": pa.list_(pa.bool_()),          # the token's word occurs in the prompt (corpus: earlier in the passage)
+    "span": pa.list_(pa.int32()),            # span id: a phrase of content words, else the word; -1 special tokens
+    "delta_noun_min": f32,                   # min / max over the prompt's nouns of |Δ| masking that noun alone
+    "delta_noun_max": f32,
+    "grad_x_input": f32,                     # |embedding · gradient of the answer's log-likelihood|
+    "learned": f32,                          # the learned scorer's probability that the token is a fact
+}
+
+
+def shard_schema(signals: list[str] = ()) -> pa.Schema:
+    """The paper's columns, then those the extra `signals` add."""
+    schema = SCHEMA
+    for signal in sorted(signals):
+        for name in SIGNAL_COLUMNS[signal]:
+            schema = schema.append(pa.field(name, EXTRA_COLUMNS[name]))
+    return schema
 
 
 def _sha256(path: Path) -> str:

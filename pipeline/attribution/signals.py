@@ -39,6 +39,9 @@ class AttributionInput:
     masked: list[bool]
     mask_id: int
     fact: list[bool] | None = None
+    noun_tokens: list[list[int]] = field(default_factory=list)  # each masked noun's token positions
+    prompt: Span | None = None  # QA: the question's characters (what the answer may copy); corpus: None
+    region: Span | None = None  # the scored text's characters: QA the answer, corpus the whole passage
 
     @property
     def masked_ids(self) -> list[int]:
@@ -60,17 +63,33 @@ def overlapping(offsets: list[Span], spans: list[Span], region: Span | None = No
     return out
 
 
+def noun_token_groups(offsets: list[Span], nouns: list[Span], region: Span | None = None) -> list[list[int]]:
+    """The token positions of each noun (nouns sharing a token are merged, as masking merges them)."""
+    groups: list[list[int]] = []
+    for noun in nouns:
+        tokens = [i for i, hit in enumerate(overlapping(offsets, [noun], region)) if hit]
+        if not tokens:
+            continue
+        if groups and set(tokens) & set(groups[-1]):
+            groups[-1] = sorted(set(groups[-1]) | set(tokens))
+        else:
+            groups.append(tokens)
+    return groups
+
+
 def qa_input(sample_id: int, sample: EncodedSample, noun_spans_in_question: list[Span], mask_id: int,
              fact_spans_in_answer: list[Span] | None = None) -> AttributionInput:
     q0, a0 = sample.question_span[0], sample.answer_span[0]
     nouns = [(s + q0, e + q0) for s, e in noun_spans_in_question]
     masked = overlapping(sample.offsets, nouns, sample.question_span)
+    groups = noun_token_groups(sample.offsets, nouns, sample.question_span)
     scored = [label != IGNORE_INDEX for label in sample.labels]
     scored[0] = False
     fact = None
     if fact_spans_in_answer is not None:
         fact = overlapping(sample.offsets, [(s + a0, e + a0) for s, e in fact_spans_in_answer], sample.answer_span)
-    return AttributionInput(sample_id, sample.text, sample.input_ids, sample.offsets, scored, masked, mask_id, fact)
+    return AttributionInput(sample_id, sample.text, sample.input_ids, sample.offsets, scored, masked, mask_id, fact,
+                            groups, sample.question_span, sample.answer_span)
 
 
 def corpus_input(sample_id: int, tokenizer, text: str, noun_spans: list[Span], mask_id: int,
@@ -79,7 +98,8 @@ def corpus_input(sample_id: int, tokenizer, text: str, noun_spans: list[Span], m
     masked = overlapping(sample.offsets, noun_spans)
     scored = [label != IGNORE_INDEX for label in sample.labels]
     fact = overlapping(sample.offsets, fact_spans) if fact_spans is not None else None
-    return AttributionInput(sample_id, text, sample.input_ids, sample.offsets, scored, masked, mask_id, fact)
+    return AttributionInput(sample_id, text, sample.input_ids, sample.offsets, scored, masked, mask_id, fact,
+                            noun_token_groups(sample.offsets, noun_spans), None, (0, len(text)))
 
 
 def build_qa_inputs(rows: list[dict], tokenizer, template: PromptTemplate, tagger, mask_id: int,
@@ -105,6 +125,8 @@ class Signals:
     delta: np.ndarray
     entropy: np.ndarray
     phi: np.ndarray = field(default=None)
+    hidden_prev: np.ndarray | None = None  # [scored, hidden]: the last hidden state that predicts each scored
+    hidden_at: np.ndarray | None = None    # token, and the one at it (return_hidden; the learned scorer's input)
 
 
 def logp_and_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,9 +140,11 @@ def logp_and_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch
 
 
 @torch.no_grad()
-def score_batch(model, inputs: list[AttributionInput], pad_id: int, chunk_size: int = 1024) -> list[Signals]:
+def score_batch(model, inputs: list[AttributionInput], pad_id: int, chunk_size: int = 1024,
+                return_hidden: bool = False) -> list[Signals]:
     """Both passes in one batch, without gradients; log-probabilities and entropy only at scored positions,
-    `chunk_size` positions at a time, so memory stays bounded for large vocabularies."""
+    `chunk_size` positions at a time, so memory stays bounded for large vocabularies. With `return_hidden`, the
+    original pass's last hidden states at (and before) each scored token too."""
     device = next(model.parameters()).device
     n, width = len(inputs), max(len(x.input_ids) for x in inputs)
     ids = torch.full((2 * n, width), pad_id, dtype=torch.long)
@@ -154,7 +178,12 @@ def score_batch(model, inputs: list[AttributionInput], pad_id: int, chunk_size: 
         where = cols_cpu[pos : pos + k]
         full = lambda v: _scatter(len(x.input_ids), where, v[pos : pos + k])  # noqa: E731
         lo, lm, h = full(lp_o_all), full(lp_m_all), full(ent_all)
-        out.append(Signals(lo, lm, np.abs(lo - lm), h))
+        signals = Signals(lo, lm, np.abs(lo - lm), h)
+        if return_hidden:
+            at = torch.as_tensor(where, device=device)
+            signals.hidden_prev = hidden[b, at - 1].float().cpu().numpy()
+            signals.hidden_at = hidden[b, at].float().cpu().numpy()
+        out.append(signals)
         pos += k
     return out
 

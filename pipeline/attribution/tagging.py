@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import io
 import json
@@ -169,6 +170,13 @@ def make_tagger(name: str, upos: Iterable[str] = DEFAULT_UPOS, trankit_cache: st
     if name == "spacy":
         return SpacyTagger(upos)
     raise ParamError(f"attribution.tagger='{name}': unknown (choose from auto, trankit, spacy)")
+
+
+def with_upos(tagger: Tagger, upos: Iterable[str]) -> Tagger:
+    """The same loaded tagger, picking other UPOS tags (span pooling tags content words with the nouns' model)."""
+    other = copy.copy(tagger)
+    other.upos = frozenset(upos)
+    return other
 
 
 class CachedTagger:

@@ -92,11 +92,12 @@ class WorldSpec:
     templates: dict
 
     @classmethod
-    def load(cls, data_dir: str | Path) -> "WorldSpec":
+    def load(cls, data_dir: str | Path, templates: str | Path | None = None) -> "WorldSpec":
+        """`data_dir`'s lexicon.json and templates.json, or the `templates` file given instead of the latter."""
         data_dir = Path(data_dir)
         parts = {}
         for name in ("lexicon", "templates"):
-            path = data_dir / f"{name}.json"
+            path = Path(templates) if name == "templates" and templates else data_dir / f"{name}.json"
             try:
                 parts[name] = json.loads(path.read_text(encoding="utf-8"))
             except FileNotFoundError:

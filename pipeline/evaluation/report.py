@@ -3,7 +3,8 @@
 Columns are the paper's Table 1 (retain ES, forget ES, model utility, log10 forget quality) and its Table 2
 (multiple-choice accuracies) where evaluated; one row per model, "before unlearning" (the target) and the retain
 model first, as mean ± standard deviation over seeds where there are several. A second table sets each token-level
-variant against its sequence-level method and marks the differences larger than the two spreads together.
+variant against its sequence-level method, and a run weighted by another attribution score than φ against the same
+run with φ, and marks the differences larger than the two spreads together.
 Plots: forget quality against model utility per method, forget and retain ES per method, and the ablations
 (metrics against r, and against 1 − α).
 """
@@ -34,6 +35,7 @@ class Row:
     method: str         # the base method, "" for the two reference models
     weighting: str
     summary: dict
+    score: str = "phi"  # the attribution variant its token weights come from (uniform runs: none, "phi")
 
 
 def paper_name(method: str, weighting: str) -> str:
@@ -42,16 +44,18 @@ def paper_name(method: str, weighting: str) -> str:
 
 def load_rows(metrics_dir: Path, runs: dict[str, dict], defaults: dict) -> list[Row]:
     """Target, retain, then each run of `runs` (a subset of `unlearn.runs`), from `metrics_dir/NAME.json`."""
-    wanted = [("target", "before unlearning", "", ""), ("retain", "retain model", "", "")]
+    wanted = [("target", "before unlearning", "", "", "phi"), ("retain", "retain model", "", "", "phi")]
     for name, run in runs.items():
         spec = {**defaults, **run}
-        wanted.append((name, paper_name(spec["method"], spec["weighting"]), spec["method"], spec["weighting"]))
+        score = spec.get("score", "phi") if spec["weighting"] != "uniform" else "phi"
+        label = paper_name(spec["method"], spec["weighting"]) + (f" [{score}]" if score != "phi" else "")
+        wanted.append((name, label, spec["method"], spec["weighting"], score))
     rows = []
-    for name, label, method, weighting in wanted:
+    for name, label, method, weighting, score in wanted:
         file = metrics_dir / f"{name}.json"
         if not file.is_file():
             raise DataError(f"{file}: no evaluation of '{name}' (run `dvc repro` or `tokenunlearn evaluate {name}`)")
-        rows.append(Row(name, label, method, weighting, json.loads(file.read_text())))
+        rows.append(Row(name, label, method, weighting, json.loads(file.read_text()), score))
     return rows
 
 
@@ -84,15 +88,16 @@ def results_table(rows: list[Row]) -> tuple[str, str]:
 
 
 def comparison_table(rows: list[Row]) -> str:
-    """Token-level minus sequence-level per method and column (Markdown); `*` marks a difference larger than
-    the two standard deviations added, the spread over seeds. With one seed there is no spread to compare with,
-    so nothing is marked."""
+    """Token-level minus sequence-level per method and column, and another attribution score minus φ for the
+    same method and weighting (Markdown); `*` marks a difference larger than the two standard deviations added,
+    the spread over seeds. With one seed there is no spread to compare with, so nothing is marked."""
     keys = COLUMNS + [(k, k[3:] + " acc") for k in mc_keys(rows)]
-    by_method = {(r.method, r.weighting): r for r in rows if r.method}
-    lines = ["| variant − sequence level | " + " | ".join(t for _, t in keys) + " |", "|" + "---|" * (len(keys) + 1)]
-    for (method, weighting), row in by_method.items():
-        base = by_method.get((method, "uniform"))
-        if weighting == "uniform" or base is None:
+    by_run = {(r.method, r.weighting, r.score): r for r in rows if r.method}
+    lines = ["| variant − baseline | " + " | ".join(t for _, t in keys) + " |", "|" + "---|" * (len(keys) + 1)]
+    pairs = [(row, by_run.get((m, "uniform", "phi"))) for (m, w, _), row in by_run.items() if w != "uniform"]
+    pairs += [(row, by_run.get((m, w, "phi"))) for (m, w, score), row in by_run.items() if score != "phi"]
+    for row, base in pairs:
+        if base is None:
             continue
         cells = []
         has_spread = min(len(row.summary.get("seeds", ())), len(base.summary.get("seeds", ()))) >= 2

@@ -1,7 +1,7 @@
 """The forget set for stage two, streamed from the attribution shards, with this run's token weights.
 
-The weights ω come from the shards' Δ and H here (φ is recomputed with this run's α), so r, τ and α are
-stage two's params. Memory holds at most a few decoded shards, whatever the number of shards: each epoch
+The weights ω come from the shards' columns here (φ, or the attribution variant of `score`, is recomputed with
+this run's α), so r, τ, α and the score are stage two's params. Memory holds at most a few decoded shards, whatever the number of shards: each epoch
 visits the shards in a seeded order, in windows of `window_shards` shards, and shuffles the samples within
 a window (the usual shard-then-buffer shuffle of streaming loaders). The order is a pure function of the
 seed, the epoch and the manifest's row counts, so a resumed run, or N processes, see the same batches.
@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline.attribution.shards import read_manifest
-from pipeline.attribution.signals import attribution_score
+from pipeline.attribution.variants import parse_score, score_columns, signals_for, variant_score
 from pipeline.attribution.weights import token_weights
 from pipeline.common.atomic import atomic_file
 from pipeline.common.errors import DataError, ParamError
@@ -40,7 +40,7 @@ class ForgetSample:
     phi: np.ndarray         # φ, NaN where not scored
 
 
-USES = {"uniform": (), "hard": ("r", "alpha"), "soft": ("tau", "alpha")}  # the parameters each strategy reads
+USES = {"uniform": (), "hard": ("r", "alpha", "score"), "soft": ("tau", "alpha", "score")}  # what each reads
 
 
 @dataclass(frozen=True)
@@ -49,13 +49,23 @@ class Weighting:
     r: float = 0.2
     tau: float = 0.5
     alpha: float = 0.7
+    score: str = "phi"          # the attribution variant (pipeline/attribution/variants.py): phi is the paper's
+
+    def __post_init__(self):
+        parse_score(self.score)
 
     def used(self) -> dict:
-        """The parameters these weights depend on (uniform ones depend on none of r, τ, α)."""
+        """The parameters these weights depend on (uniform ones depend on none of r, τ, α, the score)."""
         return {"weighting": self.strategy, **{name: getattr(self, name) for name in USES[self.strategy]}}
 
-    def sample(self, sample_id, input_ids, scored, delta, entropy, logp_orig) -> ForgetSample:
-        phi_scored = attribution_score(delta[scored], entropy[scored], self.alpha)
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The shard columns the score reads besides delta and entropy (none for uniform weights)."""
+        return score_columns(self.score) if self.strategy != "uniform" else ()
+
+    def sample(self, sample_id, input_ids, scored, columns: dict, logp_orig) -> ForgetSample:
+        """`columns`: delta, entropy and the score's columns, full length."""
+        phi_scored = variant_score(self.score, {k: v[scored] for k, v in columns.items()}, self.alpha)
         weights = np.zeros(len(scored))
         weights[scored] = token_weights(self.strategy, phi_scored, r=self.r, tau=self.tau)
         phi = np.full(len(scored), np.nan)
@@ -86,6 +96,7 @@ class ForgetStream:
         self._cache: OrderedDict[int, list[ForgetSample]] = OrderedDict()
         self.cache_size = 2 * window_shards  # a batch may straddle two windows
         self.decoded_shards = 0               # counts decodes (tests and the benchmark read it)
+        self.check_columns()
 
     def __len__(self) -> int:
         return self.n_samples
@@ -101,9 +112,19 @@ class ForgetStream:
                     f"but {model_path!r} has {name}={ours}; rerun `attribute` with this model"
                 )
 
+    def check_columns(self) -> None:
+        """Refuse a score whose columns the shards lack, naming the signal stage one must compute."""
+        have = set(pq.ParquetFile(self.files[0]).schema_arrow.names)
+        missing = [c for c in self.weighting.columns if c not in have]
+        if missing:
+            signals = signals_for(self.weighting.score)
+            raise DataError(f"{self.shard_dir}: score {self.weighting.score!r} reads {missing}, which these shards lack; "
+                            f"rerun `attribute` with attribution.signals including {signals}")
+
     def _decode(self, shard: int) -> list[ForgetSample]:
         file = self.files[shard]
-        table = pq.read_table(file, columns=COLUMNS)
+        extra = [c for c in self.weighting.columns if c not in COLUMNS]
+        table = pq.read_table(file, columns=COLUMNS + extra)
         if table.num_rows != self.starts[shard + 1] - self.starts[shard]:
             expected = self.starts[shard + 1] - self.starts[shard]
             raise DataError(f"{file}: {table.num_rows} rows, the manifest says {expected}")
@@ -112,8 +133,10 @@ class ForgetStream:
         delta, _ = _list_column(table, "delta", np.float64)
         entropy, _ = _list_column(table, "entropy", np.float64)
         logp, _ = _list_column(table, "logp_orig", np.float64)
+        columns = {"delta": delta, "entropy": entropy, "logp_orig": logp,
+                   **{c: _list_column(table, c, np.float64)[0] for c in extra}}
         sample_ids = table.column("sample_id").to_pylist()
-        for name, values in (("delta", delta), ("entropy", entropy), ("logp_orig", logp)):
+        for name, values in columns.items():
             bad = np.flatnonzero(scored & ~np.isfinite(values))  # NaN is expected only where a token is not scored
             if bad.size:
                 row = int(np.searchsorted(off, bad[0], side="right")) - 1
@@ -125,7 +148,8 @@ class ForgetStream:
             s = slice(off[row], off[row + 1])
             if not scored[s].any():
                 raise DataError(f"{file}: sample {sample_id} has no scored token")
-            out.append(self.weighting.sample(sample_id, ids[s], scored[s], delta[s], entropy[s], logp[s]))
+            out.append(self.weighting.sample(sample_id, ids[s], scored[s], {k: v[s] for k, v in columns.items()},
+                                             logp[s]))
         self.decoded_shards += 1
         return out
 

@@ -19,13 +19,14 @@ import torch
 
 from pipeline.attribution.reference import ReferenceCache
 from pipeline.attribution.shards import read_manifest
+from pipeline.attribution.variants import parse_score
 from pipeline.attribution.weights import WEIGHTING
 from pipeline.common.atomic import atomic_dir, write_json
 from pipeline.common.distributed import init_distributed, is_main_process
 from pipeline.common.errors import ParamError
 from pipeline.common.modeling import (check_vocab, decoder, decoder_layers, lm_head_logits, load_model, load_tokenizer,
                                       write_model)
-from pipeline.common.params import (at_least, between, check_keys, check_rules, dataclass_from_params, one_of,
+from pipeline.common.params import (Rule, at_least, between, check_keys, check_rules, dataclass_from_params, one_of,
                                     origins_of, positive, section)
 from pipeline.common.runs import COMPLETE_RECORD, SEED_RECORD, seed_dir
 from pipeline.data.batching import StepSchedule, pad_batch
@@ -43,6 +44,14 @@ from pipeline.training.losses import (by_chunks, forward_kl_from_logits, ga_toke
 log = logging.getLogger(__name__)
 
 
+def _is_score(name) -> bool:
+    try:
+        parse_score(name)
+    except ParamError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class UnlearnConfig:
     method: str = "ga"                 # ga | wga | npo | rmu | graddiff
@@ -50,6 +59,8 @@ class UnlearnConfig:
     r: float = 0.2                     # hard: the top-r fraction of φ
     tau: float = 0.5                   # soft: softmax(φ / τ)
     alpha: float = 0.7                 # φ = α·minmax(Δ) + (1−α)·minmax(H), recomputed from the shards' Δ and H
+    score: str = "phi"                 # the attribution variant weighted (phi: the paper's; e.g. learned+span, see
+                                       # pipeline/attribution/variants.py); its columns must be in the shards
     retain_split: str = "retain90"
     retain_corpus: str = ""            # instead of retain_split: passages (JSON Lines, `text`), e.g. the world's
                                        # biographies, less those of the forget split's authors (WMDP-style runs)
@@ -79,7 +90,8 @@ class UnlearnConfig:
                  "retain_loss": one_of(sorted(RETAIN_LOSSES)), "retain_weight": at_least(0), "gamma": at_least(0),
                  "beta": positive(), "rmu_layer": at_least(1), "retain_batch_size": at_least(0),
                  "retain_reference": one_of(["cache", "model"]), "chunk_size": at_least(1),
-                 "reference_top_k": at_least(1)}
+                 "reference_top_k": at_least(1), "score": Rule(_is_score, "a variant such as phi or learned+span "
+                                                              "(pipeline/attribution/variants.py)")}
         check_rules(cfg, rules, where, origins)
         own = METHODS[cfg.method].own_retain
         if own and cfg.retain_loss != own[0]:
@@ -90,7 +102,7 @@ class UnlearnConfig:
 
     @property
     def weighting_spec(self) -> Weighting:
-        return Weighting(self.weighting, self.r, self.tau, self.alpha)
+        return Weighting(self.weighting, self.r, self.tau, self.alpha, self.score)
 
     @property
     def retain(self) -> "RetainLoss | None":

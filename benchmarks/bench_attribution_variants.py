@@ -48,7 +48,6 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
 
     tokenizer = load_tokenizer(args.model)
     model = load_model(args.model).eval()

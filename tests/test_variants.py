@@ -35,7 +35,7 @@ def test_names_parse_into_a_base_and_modifiers_and_bad_ones_are_refused():
     assert score_columns("signed") == ("logp_orig", "logp_mask")
     assert signals_for("noun_min+span") == ["span", "per_noun"]
     for bad, words in (("phii", "unknown base score 'phii'"), ("phi+copy", "unknown modifier 'copy'"),
-                       ("phi+span+span", "repeated")):
+                       ("phi+span+span", "repeated"), ("phi+span+nocopy", "write 'phi\\+nocopy\\+span'")):
         with pytest.raises(ParamError, match=words):
             parse_score(bad)
 
@@ -100,6 +100,9 @@ def test_phrases_join_adjacent_content_words_and_tokens_take_their_span():
     assert ids[3:7] == [0, 0, 0, 0] and ids[8] == 1 and ids[10] == 2
     assert ids[0] != ids[1] and min(ids[:3]) >= 3  # words outside phrases: ids after the phrases'
     assert ids[-1] == -1  # an empty-offset (special) token
+    # a special token mid-text whose offsets point past later words leaves them their spans
+    mid = offsets[:3] + [(len(text), len(text))] + offsets[3:]
+    assert span_ids(_input(text, mid), phrases)[4:8] == [0, 0, 0, 0]
 
 
 def test_learned_scorer_ranks_a_separable_signal_first():
@@ -170,12 +173,13 @@ def test_every_signal_writes_its_columns_and_every_variant_is_measured(variant_s
     for column in ("copied", "span", "delta_noun_min", "delta_noun_max", "grad_x_input", "learned"):
         assert column in table.column_names
     for row in table.to_pylist():
-        scored = [i for i, s in enumerate(row["scored"]) if s]
-        assert all(0 <= row["learned"][i] <= 1 for i in scored)
-        assert all(row["delta_noun_min"][i] <= row["delta_noun_max"][i] + 1e-6 for i in scored)
-        assert any(row["copied"][i] for i in scored)  # every answer repeats the author's name
+        scored = np.array(row["scored"])
+        assert np.isnan(np.array(row["learned"], dtype=float)[~scored]).all()  # only scored tokens are scored
+        assert not np.isnan(np.array(row["learned"], dtype=float)[scored]).any()
+        assert any(c for c, s in zip(row["copied"], scored) if s)  # every answer repeats the author's name
     metrics = json.loads((variant_shards / "metrics.json").read_text())
-    assert metrics["quality"]["variants"] == available_scores(set(table.column_names))
+    # every base with every set of modifiers: 8 bases x 4
+    assert len(metrics["quality"]["variants"]) == 32 and "learned+nocopy+span" in metrics["quality"]["variants"]
     assert {"learned+nocopy+span", "noun_min", "grad_x_input", "random"} <= set(metrics["quality"]["r=0.2"])
     meta = json.loads(pq.read_schema(next((variant_shards / "shards").glob("*.parquet"))).metadata[b"tokenunlearn"])
     assert meta["signals"] == sorted(ALL_SIGNALS) and meta["learned"]["samples"] > 0
@@ -188,6 +192,35 @@ def test_the_learned_scorer_never_trains_on_the_authors_it_scores(micro_world_di
     with pytest.raises(ParamError, match="learned_split='full' shares .* author"):
         run_attribution(cfg, DataConfig(source=str(micro_world_dir)), tmp_path / "s", None)
     assert not (tmp_path / "s").exists()
+
+
+def test_the_corpus_scorer_needs_to_know_whose_passages_it_trains_on(micro_world_dir, micro_model_dir, tmp_path):
+    rows = [json.loads(line) for line in (micro_world_dir / "biographies.json").read_text().splitlines() if line]
+    anonymous = tmp_path / "passages.json"
+    anonymous.write_text("".join(json.dumps({"text": r["text"], "fact_spans": r["fact_spans"]}) + "\n" for r in rows))
+    cfg = AttributionConfig(**{**ATTRIBUTION, "model": str(micro_model_dir), "mode": "corpus",
+                               "corpus": str(anonymous), "signals": ["learned"]})
+    with pytest.raises(ParamError, match="do not say whose they are"):
+        run_attribution(cfg, DataConfig(source=str(micro_world_dir)), tmp_path / "s", None)
+    assert not (tmp_path / "s").exists()
+
+
+def test_uniform_weights_read_no_score(variant_shards):
+    # a defaults.score inherited by a sequence-level run: its weights are 1, its recorded φ the paper's
+    for sample in ForgetStream(variant_shards / "shards", Weighting("uniform", score="learned+span")):
+        assert (sample.weights[sample.scored] == 1).all()
+        assert np.isfinite(sample.phi[sample.scored]).all()
+    assert Weighting("uniform", score="learned+span").used() == {"weighting": "uniform"}
+
+
+def test_bad_signal_and_score_params_name_the_param():
+    from pipeline.training.unlearn import UnlearnConfig
+
+    for signals in (["copy", "copy"], ["copies"]):
+        with pytest.raises(ParamError, match=r"attribution.signals=.*distinct signals"):
+            AttributionConfig.from_params({"signals": signals})
+    with pytest.raises(ParamError, match=r"unlearn.runs.t_ga.score='phi\+copy': unknown modifier 'copy'"):
+        UnlearnConfig.from_params({"method": "ga", "weighting": "hard", "score": "phi+copy"}, "unlearn.runs.t_ga")
 
 
 def test_stage_two_weights_by_the_chosen_variant(variant_shards, attribution_dir):
@@ -227,6 +260,11 @@ def test_the_choice_is_the_best_f1_on_the_choice_world_and_reported_on_the_other
     markdown, metrics = compare_variants({"qa": choose}, {"qa": held})
     assert metrics["qa"]["chosen"] == "learned" and metrics["qa"]["heldout"]["r=0.2"]["learned"]["precision"] == 0.6
     assert "**learned** (chosen)" in markdown and markdown.index("entropy") < markdown.index("**learned**")
+    with pytest.raises(DataError, match=r"qa mode, choice world: no figures at r=0.3"):
+        compare_variants({"qa": choose}, {"qa": held}, r_choice=0.3)
+    without = q({"phi": (0.4, 0.4), "entropy": (0.8, 0.8)})
+    with pytest.raises(DataError, match="'learned' was not measured on the held-out world"):
+        compare_variants({"qa": choose}, {"qa": without})
 
 
 def test_compare_attribution_names_a_metrics_file_without_quality(tmp_path):

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.attribution.shards import iter_rows, read_manifest
-from pipeline.attribution.variants import SIGNAL_COLUMNS, available_scores, score_columns, variant_score
+from pipeline.common.errors import DataError
+
+from pipeline.attribution.shards import SIGNAL_COLUMNS, iter_rows, read_manifest
+from pipeline.attribution.variants import available_scores, score_columns, variant_score
 from pipeline.attribution.weights import hard_weights
 
 ALWAYS = {"delta", "entropy", "logp_orig", "logp_mask"}  # the paper's columns, in every shard
@@ -23,6 +25,9 @@ def topr_counts(score: np.ndarray, fact: np.ndarray, r: float) -> np.ndarray:
 def shard_scores(shard_dir: Path) -> list[str]:
     """The variants a shard directory's columns allow (its metadata names the extra signals)."""
     signals = read_manifest(shard_dir, verify=False)["metadata"].get("signals", [])
+    unknown = sorted(set(signals) - set(SIGNAL_COLUMNS))
+    if unknown:
+        raise DataError(f"{shard_dir}: its metadata names signals this code does not know, {unknown}: rerun `attribute`")
     return available_scores(ALWAYS | {c for s in signals for c in SIGNAL_COLUMNS[s]})
 
 
@@ -33,7 +38,7 @@ def precision_recall(counts: np.ndarray, seed: int = 0, n_boot: int = 1000) -> d
         return c[..., 1] / np.maximum(c[..., 0], 1), c[..., 1] / np.maximum(c[..., 2], 1)
 
     precision, recall = pr(counts.sum(0))
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed)  # the same seed for every variant: their resamples are paired
     boot = counts[rng.integers(0, len(counts), (n_boot, len(counts)))].sum(1)
     bp, br = pr(boot)
     return {"precision": float(precision), "recall": float(recall),
@@ -87,16 +92,23 @@ def compare_variants(choose: dict, report: dict, r_choice: float = 0.2) -> tuple
     recall on the held-out world (`report`: mode -> quality), as Markdown and as metrics."""
     lines, metrics = [], {}
     for mode in report:
+        for world, quality in (("choice", choose[mode]), ("held-out", report[mode])):
+            if f"r={r_choice}" not in quality:
+                raise DataError(f"{mode} mode, {world} world: no figures at r={r_choice} (its attribute stage measured "
+                                f"{sorted(k for k in quality if k.startswith('r='))}; add it to attribution.quality_r)")
         chosen, why = choose_variant(choose[mode], r_choice)
         held, picked = report[mode], choose[mode][f"r={r_choice}"]
+        if chosen not in held[f"r={r_choice}"]:
+            raise DataError(f"{mode} mode: the chosen variant {chosen!r} was not measured on the held-out world (its "
+                            "attribute stage lacks a signal the variant needs: add it to attribution.signals)")
         rs = sorted(k for k in held if k.startswith("r="))
         metrics[mode] = {"chosen": chosen, **why, "choice_world": picked[chosen],
                          "heldout": {r: {n: held[r][n] for n in dict.fromkeys([chosen, "phi", "entropy", "random"])}
                                      for r in rs}}
         lines += [f"## {mode} mode: chosen `{chosen}` ({why['rule']} on the choice world, F1 {why['f1']:.3f})", "",
                   f"Held-out world: {held['fact_token_share']:.3f} of the scored tokens are facts. Precision / recall "
-                  "of each sample's top-r tokens (95% bootstrap interval over samples for r = 0.2); the choice "
-                  "world's r = 0.2 in the last column.", "",
+                  f"of each sample's top-r tokens (95% bootstrap interval over samples for r = {r_choice}); the "
+                  f"choice world's r = {r_choice} in the last column.", "",
                   "| variant | " + " | ".join(f"held-out {r}" for r in rs) + f" | choice world r={r_choice} |",
                   "|---|" + "---|" * (len(rs) + 1)]
         order = sorted(held[f"r={r_choice}"], key=lambda n: -held[f"r={r_choice}"][n]["precision"])

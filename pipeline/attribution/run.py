@@ -20,10 +20,11 @@ import torch
 
 from pipeline import __version__
 from pipeline.attribution.quality import attribution_quality
-from pipeline.attribution.shards import MANIFEST, ShardInfo, ShardWriter, shard_schema, write_manifest
+from pipeline.attribution.shards import (MANIFEST, SIGNAL_COLUMNS, ShardInfo, ShardWriter, shard_schema,
+                                         write_manifest)
 from pipeline.attribution.signals import AttributionInput, add_phi, build_qa_inputs, corpus_input, score_batch
 from pipeline.attribution.tagging import DEFAULT_UPOS, CachedTagger, make_tagger, tag_cache_file, with_upos
-from pipeline.attribution.variants import (CONTENT_UPOS, SIGNAL_COLUMNS, LearnedScorer, copied_tokens,
+from pipeline.attribution.variants import (CONTENT_UPOS, LearnedScorer, copied_tokens,
                                            gradient_x_input, per_noun_deltas, phrase_spans, span_ids)
 from pipeline.common.atomic import atomic_dir, write_json
 from pipeline.common.distributed import broadcast_from_main, init_distributed, is_main_process
@@ -69,8 +70,8 @@ class AttributionConfig:
                  "upos": Rule(lambda v: bool(v) and all(isinstance(u, str) for u in v),
                               "a non-empty list of UPOS tags"),
                  "quality_r": Rule(lambda v: all(0 < r <= 1 for r in v), "a list of fractions in (0, 1]"),
-                 "signals": Rule(lambda v: isinstance(v, list) and set(v) <= set(SIGNAL_COLUMNS),
-                                 f"a list of signals from {sorted(SIGNAL_COLUMNS)}"),
+                 "signals": Rule(lambda v: isinstance(v, list) and set(v) <= set(SIGNAL_COLUMNS)
+                                 and len(set(v)) == len(v), f"a list of distinct signals from {sorted(SIGNAL_COLUMNS)}"),
                  "learned_max_samples": at_least(1)}
         check_rules(cfg, rules, where)
         if cfg.mode == "corpus" and not cfg.corpus:
@@ -169,7 +170,12 @@ def learned_training_inputs(cfg: AttributionConfig, data: DataConfig, tokenizer,
         facts = {q: [tuple(s) for s in a["answer_fact_spans"]] for q, a in annotations.items()}
         inputs = build_qa_inputs(rows, tokenizer, get_template(data.template), tagger, mask_id, facts)
     else:
-        passages = load_passages(cfg.corpus, cfg.split, forget=False)[: cfg.learned_max_samples]
+        passages = load_passages(cfg.corpus, cfg.split, forget=False)
+        if not all("forget_splits" in p for p in passages):  # without it, "other authors" cannot be told apart
+            raise ParamError(f"{where} trains on passages of other authors than split {cfg.split!r}, and "
+                             f"{cfg.corpus}'s passages do not say whose they are (no `forget_splits`): drop `learned` "
+                             "from attribution.signals")
+        passages = passages[: cfg.learned_max_samples]
         if not all("fact_spans" in p for p in passages):
             raise ParamError(f"{where} trains on annotated facts, and {cfg.corpus}'s passages have no `fact_spans`: "
                              "drop `learned` from attribution.signals")
@@ -209,7 +215,8 @@ class ExtraSignals:
         self.cfg, self.model, self.pad_id = cfg, model, pad_id
         self.content_tagger, self.scorer = content_tagger, scorer
 
-    def __call__(self, batch: list[AttributionInput], signals: list) -> list[dict]:
+    def __call__(self, batch: list[AttributionInput], sigs: list) -> list[dict]:
+        """`sigs`: the batch's Signals from score_batch (with hidden states where `learned` is asked for)."""
         names, cfg = set(self.cfg.signals), self.cfg
         out: list[dict] = [{} for _ in batch]
         if "copy" in names:
@@ -221,7 +228,7 @@ class ExtraSignals:
             for row, x, (a, _), spans in zip(out, batch, regions, tags):
                 row["span"] = span_ids(x, phrase_spans([(s + a, e + a) for s, e in spans], x.text))
         if "per_noun" in names:
-            deltas = per_noun_deltas(self.model, batch, [s.logp_orig for s in signals], self.pad_id, cfg.batch_size,
+            deltas = per_noun_deltas(self.model, batch, [s.logp_orig for s in sigs], self.pad_id, cfg.batch_size,
                                      cfg.chunk_size)
             for row, (lo, hi) in zip(out, deltas):
                 row["delta_noun_min"], row["delta_noun_max"] = lo.tolist(), hi.tolist()
@@ -229,7 +236,7 @@ class ExtraSignals:
             for row, gx in zip(out, gradient_x_input(self.model, batch, self.pad_id, cfg.chunk_size)):
                 row["grad_x_input"] = gx.tolist()
         if "learned" in names:
-            for row, x, sig in zip(out, batch, signals):
+            for row, x, sig in zip(out, batch, sigs):
                 sc = np.array(x.scored)
                 full = np.full(len(sc), np.nan)
                 full[sc] = self.scorer.predict(LearnedScorer.features(
@@ -238,10 +245,13 @@ class ExtraSignals:
         return out
 
 
-def check_finite(signals, x: AttributionInput, model: str) -> None:
-    """A model whose weights (or inputs) hold NaN or inf gives non-finite signals: refuse them, as stage two would."""
-    for name in ("logp_orig", "logp_mask", "entropy"):
-        if not np.isfinite(getattr(signals, name)[x.scored]).all():
+def check_finite(signals, x: AttributionInput, model: str, extra: dict | None = None) -> None:
+    """A model whose weights (or inputs) hold NaN or inf gives non-finite signals: refuse them, as stage two would
+    (the extra signals' float columns too)."""
+    values = {name: getattr(signals, name) for name in ("logp_orig", "logp_mask", "entropy")}
+    values.update({k: np.asarray(v, dtype=np.float64) for k, v in (extra or {}).items() if k not in ("copied", "span")})
+    for name, v in values.items():
+        if not np.isfinite(v[x.scored]).all():
             raise DataError(f"model '{model}': non-finite {name} for sample {x.sample_id} (its weights may hold NaN "
                             "or inf); nothing was written")
 
@@ -279,7 +289,8 @@ def run_attribution(cfg: AttributionConfig, data: DataConfig, out_dir: Path, met
     if "span" in cfg.signals:
         content_tagger = CachedTagger(with_upos(base_tagger, CONTENT_UPOS),
                                       tag_cache_file(base_tagger, CONTENT_UPOS, cache_dir(), rank))
-    if "learned" in cfg.signals:
+    if "learned" in cfg.signals:  # every process fits the same scorer on the same rows (L-BFGS from zeros is
+        # deterministic), so none waits for another; the main process saves it beside the shards
         scorer, learned_info = fit_learned_scorer(cfg, data, model, tokenizer, tagger, mask_id)
     extra_signals = ExtraSignals(cfg, model, tokenizer.pad_token_id, content_tagger, scorer)
 
@@ -312,9 +323,8 @@ def run_attribution(cfg: AttributionConfig, data: DataConfig, out_dir: Path, met
                 batch = inputs[s : s + cfg.batch_size]
                 signals = score_batch(model, batch, tokenizer.pad_token_id, cfg.chunk_size,
                                       return_hidden=scorer is not None)
-                for x, sig in zip(batch, signals):
-                    check_finite(sig, x, cfg.model)
                 for x, sig, extra in zip(batch, signals, extra_signals(batch, signals)):
+                    check_finite(sig, x, cfg.model, extra)
                     writer.add(_row(x, cfg.split, add_phi(sig, cfg.alpha), extra))
             bar.update(len(inputs) + len(local["skipped"]) - skipped_seen)
             skipped_seen = len(local["skipped"])

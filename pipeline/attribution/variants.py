@@ -20,12 +20,14 @@ Modifiers, applied in this order:
   +nocopy       tokens of a word that occurs in the prompt (QA: the question; corpus: earlier in the passage)
                 score 0: the subject the answer repeats is not the fact            (signal copy: text only)
   +span         every token takes the highest score of its span: a phrase of adjacent content words (the
-                tagger's NOUN, PROPN, NUM, ADJ), else its word, so a multi-token fact is weighted whole
-                                                                 (signal span: one tagger call per answer)
+                tagger's NOUN, PROPN, NUM, ADJ), else its word, so a multi-token fact is weighted whole. After
+                +nocopy it pools the discounted scores: a copied word inside a phrase of other content words
+                ("author Ann Lee") takes the phrase's score   (signal span: one tagger call per answer)
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Callable
@@ -33,7 +35,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from pipeline.attribution.shards import SIGNAL_COLUMNS  # noqa: F401 (the signals' columns; re-exported)
+from pipeline.attribution.shards import SIGNAL_COLUMNS
 from pipeline.attribution.signals import AttributionInput, Span, attribution_score, minmax
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import decoder, lm_head_logits
@@ -63,7 +65,8 @@ BASES: dict[str, tuple[tuple[str, ...], ScoreFn]] = {
     "grad_x_input": (("grad_x_input",), lambda c, alpha: minmax(c["grad_x_input"])),
     "learned": (("learned",), lambda c, alpha: np.asarray(c["learned"], dtype=np.float64)),
 }
-MODIFIERS: dict[str, str] = {"nocopy": "copied", "span": "span"}  # modifier -> the column it reads
+MODIFIERS: dict[str, str] = {"nocopy": "copied", "span": "span"}  # modifier -> the column it reads, in the
+                                                                   # order they apply (and must be written)
 
 
 def parse_score(name: str, where: str = "score") -> tuple[str, tuple[str, ...]]:
@@ -77,6 +80,10 @@ def parse_score(name: str, where: str = "score") -> tuple[str, tuple[str, ...]]:
             raise ParamError(f"{where}={name!r}: unknown modifier {m!r} (choose from {sorted(MODIFIERS)})")
     if len(set(mods)) != len(mods):
         raise ParamError(f"{where}={name!r}: a modifier is repeated")
+    order = [m for m in MODIFIERS if m in mods]
+    if mods != order:
+        raise ParamError(f"{where}={name!r}: modifiers apply in the order {'+'.join(MODIFIERS)}; write "
+                         f"{'+'.join([base, *order])!r}")
     return base, tuple(mods)
 
 
@@ -119,9 +126,10 @@ MODIFY = {"nocopy": exclude_copied, "span": pool_spans}
 
 
 def available_scores(columns: set[str]) -> list[str]:
-    """Every variant the shards' columns allow: each base, alone and with the modifiers whose columns exist."""
+    """Every variant the shards' columns allow: each base, alone and with each set of the modifiers whose
+    columns exist (in their order)."""
     mods = [m for m, col in MODIFIERS.items() if col in columns]
-    combos = [()] + [(m,) for m in mods] + ([tuple(mods)] if len(mods) == 2 else [])
+    combos = [c for k in range(len(mods) + 1) for c in itertools.combinations(mods, k)]
     return ["+".join([base, *combo]) for base, (cols, _) in BASES.items() if set(cols) <= columns
             for combo in combos]
 
@@ -139,10 +147,13 @@ def token_words(offsets: list[Span], words: list[tuple[int, int, str]]) -> list[
     """The indices of the words each token overlaps (tokens and words both in text order)."""
     out, first = [], 0
     for start, end in offsets:
+        if end <= start:  # a special token (empty offsets, possibly (len, len) mid-text): no words, pointer kept
+            out.append([])
+            continue
         while first < len(words) and words[first][1] <= start:
             first += 1
         mine, j = [], first
-        while end > start and j < len(words) and words[j][0] < end:
+        while j < len(words) and words[j][0] < end:
             mine.append(j)
             j += 1
         out.append(mine)

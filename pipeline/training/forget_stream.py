@@ -64,8 +64,10 @@ class Weighting:
         return score_columns(self.score) if self.strategy != "uniform" else ()
 
     def sample(self, sample_id, input_ids, scored, columns: dict, logp_orig) -> ForgetSample:
-        """`columns`: delta, entropy and the score's columns, full length."""
-        phi_scored = variant_score(self.score, {k: v[scored] for k, v in columns.items()}, self.alpha)
+        """`columns`: delta, entropy and the score's columns, full length. Uniform weights read no score: their
+        recorded φ is the paper's."""
+        score = self.score if self.strategy != "uniform" else "phi"
+        phi_scored = variant_score(score, {k: v[scored] for k, v in columns.items()}, self.alpha)
         weights = np.zeros(len(scored))
         weights[scored] = token_weights(self.strategy, phi_scored, r=self.r, tau=self.tau)
         phi = np.full(len(scored), np.nan)

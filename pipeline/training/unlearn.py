@@ -26,7 +26,7 @@ from pipeline.common.distributed import init_distributed, is_main_process
 from pipeline.common.errors import ParamError
 from pipeline.common.modeling import (check_vocab, decoder, decoder_layers, lm_head_logits, load_model, load_tokenizer,
                                       write_model)
-from pipeline.common.params import (Rule, at_least, between, check_keys, check_rules, dataclass_from_params, one_of,
+from pipeline.common.params import (at_least, between, check_keys, check_rules, dataclass_from_params, one_of,
                                     origins_of, positive, section)
 from pipeline.common.runs import COMPLETE_RECORD, SEED_RECORD, seed_dir
 from pipeline.data.batching import StepSchedule, pad_batch
@@ -42,14 +42,6 @@ from pipeline.training.losses import (by_chunks, forward_kl_from_logits, ga_toke
                                       weighted_sample_mean, wga_token_loss)
 
 log = logging.getLogger(__name__)
-
-
-def _is_score(name) -> bool:
-    try:
-        parse_score(name)
-    except ParamError:
-        return False
-    return True
 
 
 @dataclass(frozen=True)
@@ -90,9 +82,9 @@ class UnlearnConfig:
                  "retain_loss": one_of(sorted(RETAIN_LOSSES)), "retain_weight": at_least(0), "gamma": at_least(0),
                  "beta": positive(), "rmu_layer": at_least(1), "retain_batch_size": at_least(0),
                  "retain_reference": one_of(["cache", "model"]), "chunk_size": at_least(1),
-                 "reference_top_k": at_least(1), "score": Rule(_is_score, "a variant such as phi or learned+span "
-                                                              "(pipeline/attribution/variants.py)")}
+                 "reference_top_k": at_least(1)}
         check_rules(cfg, rules, where, origins)
+        parse_score(cfg.score, (origins or {}).get("score", f"{where}.score"))  # names what is wrong with it
         own = METHODS[cfg.method].own_retain
         if own and cfg.retain_loss != own[0]:
             key = (origins or {}).get("retain_loss", f"{where}.retain_loss")

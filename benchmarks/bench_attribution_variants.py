@@ -62,7 +62,7 @@ def main() -> None:
                             signals=["copy", "span", "per_noun", "grad_x_input", "learned"])
 
     start = time.perf_counter()
-    scorer, info = fit_learned_scorer(cfg, data, model, tokenizer, tagger, mask_id)
+    scorer, info = fit_learned_scorer(cfg, data, rows, model, tokenizer, tagger, mask_id)
     fit_seconds = time.perf_counter() - start
     content = with_upos(tagger, CONTENT_UPOS)  # the raw tagger: no cache, every call tags
 
@@ -83,9 +83,7 @@ def main() -> None:
             t = time.perf_counter()
             with_hidden = score_batch(model, batch, pad, return_hidden=True)
             for x, sig in zip(batch, with_hidden):
-                sc = np.array(x.scored)
-                scorer.predict(LearnedScorer.features(sig.hidden_prev, sig.hidden_at, sig.delta[sc],
-                                                      sig.entropy[sc], sig.logp_orig[sc]))
+                scorer.predict(LearnedScorer.features_of(sig, x.scored))
             totals["learned"] += time.perf_counter() - t
     # learned: its pass replaces φ's (the hidden states come from the same forward), so its extra is the difference
     totals["learned"] -= totals["phi"]

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from pipeline.attribution.shards import iter_rows
-from pipeline.attribution.variants import score_columns, signals_for, variant_score
+from pipeline.attribution.variants import require_columns, score_columns, variant_score
 from pipeline.attribution.weights import hard_weights, soft_weights
 from pipeline.common.errors import DataError
 
@@ -30,10 +30,7 @@ def scores_of(row: dict, names: list[str], alpha: float) -> dict[str, np.ndarray
     scored = np.flatnonzero(row["scored"])
     out = {}
     for name in names:
-        missing = [c for c in score_columns(name) if row.get(c) is None]
-        if missing:
-            raise DataError(f"score {name!r} reads {missing}, which these shards lack; rerun `attribute` with "
-                            f"attribution.signals including {signals_for(name)}")
+        require_columns(name, {c for c, v in row.items() if v is not None}, f"sample {row['sample_id']}")
         columns = {c: np.array(row[c], dtype=np.float64)[scored] for c in {"delta", "entropy", *score_columns(name)}}
         out[name] = variant_score(name, columns, alpha)
     return out

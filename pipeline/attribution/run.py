@@ -22,7 +22,8 @@ from pipeline import __version__
 from pipeline.attribution.quality import attribution_quality
 from pipeline.attribution.shards import (MANIFEST, SIGNAL_COLUMNS, ShardInfo, ShardWriter, shard_schema,
                                          write_manifest)
-from pipeline.attribution.signals import AttributionInput, add_phi, build_qa_inputs, corpus_input, score_batch
+from pipeline.attribution.signals import (AttributionInput, add_phi, build_qa_inputs, corpus_input, scatter,
+                                          score_batch)
 from pipeline.attribution.tagging import DEFAULT_UPOS, CachedTagger, make_tagger, tag_cache_file, with_upos
 from pipeline.attribution.variants import (CONTENT_UPOS, LearnedScorer, copied_tokens,
                                            gradient_x_input, per_noun_deltas, phrase_spans, span_ids)
@@ -71,7 +72,8 @@ class AttributionConfig:
                               "a non-empty list of UPOS tags"),
                  "quality_r": Rule(lambda v: all(0 < r <= 1 for r in v), "a list of fractions in (0, 1]"),
                  "signals": Rule(lambda v: isinstance(v, list) and set(v) <= set(SIGNAL_COLUMNS)
-                                 and len(set(v)) == len(v), f"a list of distinct signals from {sorted(SIGNAL_COLUMNS)}"),
+                                 and len(set(v)) == len(v),
+                                 f"a list of distinct signals from {sorted(SIGNAL_COLUMNS)}"),
                  "learned_max_samples": at_least(1)}
         check_rules(cfg, rules, where)
         if cfg.mode == "corpus" and not cfg.corpus:
@@ -101,12 +103,15 @@ def _qa_annotations(source: str) -> dict[str, dict] | None:
     return {a["question"]: a for a in read_json_records(path)}
 
 
+def _fact_spans(annotations: dict[str, dict]) -> dict[str, list]:
+    """Each question's answer fact spans, from its annotation."""
+    return {q: [tuple(s) for s in a["answer_fact_spans"]] for q, a in annotations.items()}
+
+
 def _qa_facts(source: str) -> dict[str, list] | None:
     """Ground-truth fact spans by question, where the data has them."""
     annotations = _qa_annotations(source)
-    if annotations is None:
-        return None
-    return {q: [tuple(s) for s in a["answer_fact_spans"]] for q, a in annotations.items()}
+    return _fact_spans(annotations) if annotations is not None else None
 
 
 def load_records(cfg: AttributionConfig, data: DataConfig) -> tuple[list[dict], str]:
@@ -150,10 +155,11 @@ def iter_input_windows(cfg: AttributionConfig, data: DataConfig, records: list[d
         yield kept
 
 
-def learned_training_inputs(cfg: AttributionConfig, data: DataConfig, tokenizer, tagger,
+def learned_training_inputs(cfg: AttributionConfig, data: DataConfig, records: list[dict], tokenizer, tagger,
                             mask_id: int) -> list[AttributionInput]:
     """The learned scorer's training samples, with their fact tokens: QA rows of `learned_split`, whose authors
-    must differ from `split`'s, or the corpus's passages of other authors than `split`'s."""
+    must differ from those of `records` (the rows it will score), or the corpus's passages of other authors than
+    `split`'s."""
     where = "attribution.signals: learned"
     if cfg.mode == "qa":
         annotations = _qa_annotations(data.source)
@@ -161,14 +167,14 @@ def learned_training_inputs(cfg: AttributionConfig, data: DataConfig, tokenizer,
             raise ParamError(f"{where} trains on annotated facts, and {data.source} has no annotations.json (only the "
                              "embedded world has them): drop `learned` from attribution.signals")
         rows = load_split(data.source, cfg.learned_split)[: cfg.learned_max_samples]
-        authors = lambda split_rows: {annotations.get(r["question"], {}).get("author") for r in split_rows} - {None}  # noqa: E731
-        shared = authors(rows) & authors(load_split(data.source, cfg.split))
+        authors = lambda split_rows: {annotations.get(r["question"], {}).get("author")  # noqa: E731
+                                      for r in split_rows} - {None}
+        shared = authors(rows) & authors(records)
         if shared:
             raise ParamError(f"attribution.learned_split={cfg.learned_split!r} shares {len(shared)} author(s) with "
                              f"split {cfg.split!r} (e.g. {sorted(shared)[0]!r}): the scorer must be trained on other "
                              "authors than it scores")
-        facts = {q: [tuple(s) for s in a["answer_fact_spans"]] for q, a in annotations.items()}
-        inputs = build_qa_inputs(rows, tokenizer, get_template(data.template), tagger, mask_id, facts)
+        inputs = build_qa_inputs(rows, tokenizer, get_template(data.template), tagger, mask_id, _fact_spans(annotations))
     else:
         passages = load_passages(cfg.corpus, cfg.split, forget=False)
         if not all("forget_splits" in p for p in passages):  # without it, "other authors" cannot be told apart
@@ -185,18 +191,17 @@ def learned_training_inputs(cfg: AttributionConfig, data: DataConfig, tokenizer,
     return [x for x in inputs if x.fact is not None and len(x.input_ids) <= data.max_length]
 
 
-def fit_learned_scorer(cfg: AttributionConfig, data: DataConfig, model, tokenizer, tagger,
+def fit_learned_scorer(cfg: AttributionConfig, data: DataConfig, records: list[dict], model, tokenizer, tagger,
                        mask_id: int) -> tuple[LearnedScorer, dict]:
     """Both passes over the training samples, then the logistic scorer on their fact tokens."""
-    inputs = learned_training_inputs(cfg, data, tokenizer, tagger, mask_id)
+    inputs = learned_training_inputs(cfg, data, records, tokenizer, tagger, mask_id)
     features, labels = [], []
     for s in range(0, len(inputs), cfg.batch_size):
         batch = inputs[s : s + cfg.batch_size]
-        for x, sig in zip(batch, score_batch(model, batch, tokenizer.pad_token_id, cfg.chunk_size, return_hidden=True)):
-            sc = np.array(x.scored)
-            features.append(LearnedScorer.features(sig.hidden_prev, sig.hidden_at, sig.delta[sc], sig.entropy[sc],
-                                                   sig.logp_orig[sc]))
-            labels.append(np.array(x.fact)[sc])
+        signals = score_batch(model, batch, tokenizer.pad_token_id, cfg.chunk_size, return_hidden=True)
+        for x, sig in zip(batch, signals):
+            features.append(LearnedScorer.features_of(sig, x.scored))
+            labels.append(np.array(x.fact)[np.array(x.scored)])
     y = np.concatenate(labels) if labels else np.zeros(0, dtype=bool)
     scorer = LearnedScorer.fit(np.concatenate(features) if features else np.zeros((0, 1)), y)
     info = {"split": cfg.learned_split if cfg.mode == "qa" else f"{cfg.corpus} (other authors)",
@@ -237,11 +242,8 @@ class ExtraSignals:
                 row["grad_x_input"] = gx.tolist()
         if "learned" in names:
             for row, x, sig in zip(out, batch, sigs):
-                sc = np.array(x.scored)
-                full = np.full(len(sc), np.nan)
-                full[sc] = self.scorer.predict(LearnedScorer.features(
-                    sig.hidden_prev, sig.hidden_at, sig.delta[sc], sig.entropy[sc], sig.logp_orig[sc]))
-                row["learned"] = full.tolist()
+                probability = self.scorer.predict(LearnedScorer.features_of(sig, x.scored))
+                row["learned"] = scatter(len(x.scored), np.flatnonzero(x.scored), probability).tolist()
         return out
 
 
@@ -291,7 +293,7 @@ def run_attribution(cfg: AttributionConfig, data: DataConfig, out_dir: Path, met
                                       tag_cache_file(base_tagger, CONTENT_UPOS, cache_dir(), rank))
     if "learned" in cfg.signals:  # every process fits the same scorer on the same rows (L-BFGS from zeros is
         # deterministic), so none waits for another; the main process saves it beside the shards
-        scorer, learned_info = fit_learned_scorer(cfg, data, model, tokenizer, tagger, mask_id)
+        scorer, learned_info = fit_learned_scorer(cfg, data, records, model, tokenizer, tagger, mask_id)
     extra_signals = ExtraSignals(cfg, model, tokenizer.pad_token_id, content_tagger, scorer)
 
     metadata = {

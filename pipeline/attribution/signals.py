@@ -146,16 +146,11 @@ def score_batch(model, inputs: list[AttributionInput], pad_id: int, chunk_size: 
     `chunk_size` positions at a time, so memory stays bounded for large vocabularies. With `return_hidden`, the
     original pass's last hidden states at (and before) each scored token too."""
     device = next(model.parameters()).device
-    n, width = len(inputs), max(len(x.input_ids) for x in inputs)
-    ids = torch.full((2 * n, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((2 * n, width), dtype=torch.long)
-    scored = torch.zeros((n, width), dtype=torch.bool)
+    n = len(inputs)
+    ids, attention = pad_ids([x.input_ids for x in inputs] + [x.masked_ids for x in inputs], pad_id)
+    scored = torch.zeros((n, ids.shape[1]), dtype=torch.bool)
     for b, x in enumerate(inputs):
-        length = len(x.input_ids)
-        ids[b, :length] = torch.tensor(x.input_ids)
-        ids[n + b, :length] = torch.tensor(x.masked_ids)
-        attention[b, :length] = attention[n + b, :length] = 1
-        scored[b, :length] = torch.tensor(x.scored)
+        scored[b, : len(x.scored)] = torch.tensor(x.scored)
     ids, attention = ids.to(device), attention.to(device)
     hidden = decoder(model)(input_ids=ids, attention_mask=attention).last_hidden_state
     rows, cols = scored.nonzero(as_tuple=True)
@@ -176,7 +171,7 @@ def score_batch(model, inputs: list[AttributionInput], pad_id: int, chunk_size: 
     for b, x in enumerate(inputs):
         k = int((rows_cpu == b).sum())
         where = cols_cpu[pos : pos + k]
-        full = lambda v: _scatter(len(x.input_ids), where, v[pos : pos + k])  # noqa: E731
+        full = lambda v: scatter(len(x.input_ids), where, v[pos : pos + k])  # noqa: E731
         lo, lm, h = full(lp_o_all), full(lp_m_all), full(ent_all)
         signals = Signals(lo, lm, np.abs(lo - lm), h)
         if return_hidden:
@@ -188,7 +183,19 @@ def score_batch(model, inputs: list[AttributionInput], pad_id: int, chunk_size: 
     return out
 
 
-def _scatter(length: int, positions: np.ndarray, values: np.ndarray) -> np.ndarray:
+def pad_ids(id_lists: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded input ids and their attention mask, [rows, longest]."""
+    width = max(len(ids) for ids in id_lists)
+    ids = torch.full((len(id_lists), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(id_lists), width), dtype=torch.long)
+    for b, row in enumerate(id_lists):
+        ids[b, : len(row)] = torch.tensor(row)
+        attention[b, : len(row)] = 1
+    return ids, attention
+
+
+def scatter(length: int, positions, values) -> np.ndarray:
+    """A full-length vector holding `values` at `positions` and NaN elsewhere (where a token is not scored)."""
     out = np.full(length, np.nan)
     out[positions] = values
     return out

@@ -36,12 +36,11 @@ import numpy as np
 import torch
 
 from pipeline.attribution.shards import SIGNAL_COLUMNS
-from pipeline.attribution.signals import AttributionInput, Span, attribution_score, minmax
+from pipeline.attribution.signals import AttributionInput, Span, attribution_score, minmax, pad_ids, scatter
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import decoder, lm_head_logits
 
 CONTENT_UPOS = ("NOUN", "PROPN", "NUM", "ADJ")  # the words a fact phrase is made of (span pooling)
-BASE_COLUMNS = ("delta", "entropy")             # always in the shards
 
 ScoreFn = Callable[[dict, float], np.ndarray]   # (the sample's scored-token columns, α) -> a score per token
 
@@ -97,6 +96,14 @@ def signals_for(name: str) -> list[str]:
     """The stage-one signals (attribution.signals) whose columns score `name` needs."""
     needed = set(score_columns(name))
     return [s for s, cols in SIGNAL_COLUMNS.items() if needed & set(cols)]
+
+
+def require_columns(name: str, have, where) -> None:
+    """Refuse score `name` where the shards (columns `have`) lack what it reads, naming the signal to compute."""
+    missing = [c for c in score_columns(name) if c not in have]
+    if missing:
+        raise DataError(f"{where}: score {name!r} reads {missing}, which these shards lack; rerun `attribute` with "
+                        f"attribution.signals including {signals_for(name)}")
 
 
 def variant_score(name: str, columns: dict, alpha: float) -> np.ndarray:
@@ -195,22 +202,12 @@ def span_ids(x: AttributionInput, phrases: list[Span]) -> list[int]:
 
 # --- signals from extra passes ------------------------------------------------------------------------------
 
-def _pad(id_lists: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(ids) for ids in id_lists)
-    ids = torch.full((len(id_lists), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(id_lists), width), dtype=torch.long)
-    for b, row in enumerate(id_lists):
-        ids[b, : len(row)] = torch.tensor(row)
-        attention[b, : len(row)] = 1
-    return ids, attention
-
-
 @torch.no_grad()
 def scored_logp(model, id_lists: list[list[int]], targets: list[list[int]], scored: list[list[bool]], pad_id: int,
                 chunk_size: int = 1024) -> list[np.ndarray]:
     """log p(targets[b][i] | id_lists[b][<i]) at each scored position i of each row (one forward pass)."""
     device = next(model.parameters()).device
-    ids, attention = _pad(id_lists, pad_id)
+    ids, attention = pad_ids(id_lists, pad_id)
     hidden = decoder(model)(input_ids=ids.to(device), attention_mask=attention.to(device)).last_hidden_state
     out = []
     for b, (tgt, sc) in enumerate(zip(targets, scored)):
@@ -246,17 +243,15 @@ def per_noun_deltas(model, inputs: list[AttributionInput], logp_orig: list[np.nd
     out = []
     for x, ds in zip(inputs, deltas):
         where = np.flatnonzero(x.scored)
-        lo, hi = np.full(len(x.input_ids), np.nan), np.full(len(x.input_ids), np.nan)
         stacked = np.stack(ds) if ds else np.zeros((1, len(where)))
-        lo[where], hi[where] = stacked.min(0), stacked.max(0)
-        out.append((lo, hi))
+        out.append((scatter(len(x.input_ids), where, stacked.min(0)), scatter(len(x.input_ids), where, stacked.max(0))))
     return out
 
 
 def gradient_x_input(model, inputs: list[AttributionInput], pad_id: int, chunk_size: int = 1024) -> list[np.ndarray]:
     """|e_i · ∂(Σ_scored log p)/∂e_i| at each scored token i, e_i its input embedding (one forward and backward)."""
     device = next(model.parameters()).device
-    ids, attention = _pad([x.input_ids for x in inputs], pad_id)
+    ids, attention = pad_ids([x.input_ids for x in inputs], pad_id)
     ids, attention = ids.to(device), attention.to(device)
     scored = torch.zeros_like(ids, dtype=torch.bool)
     for b, x in enumerate(inputs):
@@ -272,13 +267,8 @@ def gradient_x_input(model, inputs: list[AttributionInput], pad_id: int, chunk_s
             total = total + (logits.gather(-1, ids[r, c][:, None])[:, 0] - torch.logsumexp(logits, -1)).sum()
         (grad,) = torch.autograd.grad(total, embeds)
     gx = (grad.float() * embeds.detach().float()).sum(-1).abs().cpu().numpy()
-    out = []
-    for b, x in enumerate(inputs):
-        full = np.full(len(x.input_ids), np.nan)
-        where = np.flatnonzero(x.scored)
-        full[where] = gx[b, where]
-        out.append(full)
-    return out
+    return [scatter(len(x.input_ids), np.flatnonzero(x.scored), gx[b, np.flatnonzero(x.scored)])
+            for b, x in enumerate(inputs)]
 
 
 # --- the learned scorer -------------------------------------------------------------------------------------
@@ -297,6 +287,13 @@ class LearnedScorer:
     def features(hidden_prev: np.ndarray, hidden_at: np.ndarray, delta: np.ndarray, entropy: np.ndarray,
                  logp_orig: np.ndarray) -> np.ndarray:
         return np.concatenate([hidden_prev, hidden_at, np.stack([delta, entropy, logp_orig], 1)], 1)
+
+    @classmethod
+    def features_of(cls, signals, scored) -> np.ndarray:
+        """The features of one sample's scored tokens, from its Signals (score_batch with return_hidden)."""
+        sc = np.asarray(scored, dtype=bool)
+        return cls.features(signals.hidden_prev, signals.hidden_at, signals.delta[sc], signals.entropy[sc],
+                            signals.logp_orig[sc])
 
     @classmethod
     def fit(cls, features: np.ndarray, labels: np.ndarray, l2: float = 1e-2, steps: int = 200) -> "LearnedScorer":

@@ -1,7 +1,8 @@
 """The forget set for stage two, streamed from the attribution shards, with this run's token weights.
 
 The weights ω come from the shards' columns here (φ, or the attribution variant of `score`, is recomputed with
-this run's α), so r, τ, α and the score are stage two's params. Memory holds at most a few decoded shards, whatever the number of shards: each epoch
+this run's α), so r, τ, α and the score are stage two's params. Memory holds at most a few decoded shards,
+whatever the number of shards: each epoch
 visits the shards in a seeded order, in windows of `window_shards` shards, and shuffles the samples within
 a window (the usual shard-then-buffer shuffle of streaming loaders). The order is a pure function of the
 seed, the epoch and the manifest's row counts, so a resumed run, or N processes, see the same batches.
@@ -21,7 +22,7 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline.attribution.shards import read_manifest
-from pipeline.attribution.variants import parse_score, score_columns, signals_for, variant_score
+from pipeline.attribution.variants import parse_score, require_columns, score_columns, variant_score
 from pipeline.attribution.weights import token_weights
 from pipeline.common.atomic import atomic_file
 from pipeline.common.errors import DataError, ParamError
@@ -116,12 +117,9 @@ class ForgetStream:
 
     def check_columns(self) -> None:
         """Refuse a score whose columns the shards lack, naming the signal stage one must compute."""
-        have = set(pq.ParquetFile(self.files[0]).schema_arrow.names)
-        missing = [c for c in self.weighting.columns if c not in have]
-        if missing:
-            signals = signals_for(self.weighting.score)
-            raise DataError(f"{self.shard_dir}: score {self.weighting.score!r} reads {missing}, which these shards lack; "
-                            f"rerun `attribute` with attribution.signals including {signals}")
+        if self.weighting.columns:  # uniform weights read no score
+            require_columns(self.weighting.score, set(pq.ParquetFile(self.files[0]).schema_arrow.names),
+                            self.shard_dir)
 
     def _decode(self, shard: int) -> list[ForgetSample]:
         file = self.files[shard]

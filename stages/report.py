@@ -23,7 +23,10 @@ log = logging.getLogger(__name__)
               help="results.md, results.csv and the PNG plots.")
 @click.option("--plots", default="artifacts/plots/report", show_default=True, type=click.Path(file_okay=False),
               help="The plots' data as CSV, for `dvc plots show`.")
-def command(params: dict, metrics_dir, out, plots) -> None:
+@click.option("--relearn-dir", type=click.Path(file_okay=False),
+              help="The relearning attack's summaries, NAME.json where present [beside --metrics-dir: "
+                   "artifacts/metrics/relearn].")
+def command(params: dict, metrics_dir, out, plots, relearn_dir) -> None:
     """Results table and plots of the target, the retain model and the runs of unlearn.runs (params: report)."""
     runs, defaults = section(params, "unlearn.runs"), section(params, "unlearn.defaults")
     check_keys(section(params, "report"), ("table", "ablations"), "report")
@@ -31,7 +34,8 @@ def command(params: dict, metrics_dir, out, plots) -> None:
     unknown = [n for n in table if n not in runs]
     if unknown:
         raise ParamError(f"report.table: {unknown} are not runs of unlearn.runs")
-    rows = load_rows(Path(metrics_dir), {n: runs[n] for n in table}, defaults)
+    relearn_dir = Path(relearn_dir) if relearn_dir else Path(metrics_dir).parent / "relearn"
+    rows = load_rows(Path(metrics_dir), {n: runs[n] for n in table}, defaults, relearn_dir)
     ablations = load_ablations(Path(metrics_dir), section(params, "report.ablations") or {}, runs, defaults)
     with hold_outputs(out, plots):
         write_report(rows, Path(out), Path(plots), ablations)

@@ -14,6 +14,7 @@ from pipeline.common.atomic import hold_outputs
 from pipeline.common.distributed import init_distributed
 from pipeline.common.params import section
 from pipeline.data.config import DataConfig
+from pipeline.evaluation.monitor import monitor_from_params
 from pipeline.training.unlearn import run_configs, run_unlearn_seeds
 
 from .options import params_options, reference_option, shards_option
@@ -36,19 +37,26 @@ log = logging.getLogger(__name__)
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Skip the seeds already finished with these params, and continue a killed seed from its "
                    "checkpoint.")
+@click.option("--monitor-plots", type=click.Path(file_okay=False),
+              help="Evaluation during training (unlearn.monitor.every > 0), seed{S}.csv per seed "
+                   "[artifacts/plots/monitor/NAME].")
 @click.option("--local_rank", "--local-rank", type=int, default=None, hidden=True)
-def command(name, params: dict, shards, reference, out, checkpoints, plots, seeds, resume, local_rank) -> None:
+def command(name, params: dict, shards, reference, out, checkpoints, plots, seeds, resume, monitor_plots,
+            local_rank) -> None:
     """Unlearn with run NAME: its method and weighting over `unlearn.defaults`, its `train:` over `unlearn.train`,
-    once per seed (params: unlearn, data)."""
+    once per seed (params: unlearn, data; unlearn.monitor and three evaluate keys for the evaluation during
+    training)."""
     cfg, train = run_configs(params, name)
     data = DataConfig.from_params(section(params, "data"))
+    monitor = monitor_from_params(params)
     out_dir = Path(out or f"artifacts/unlearn/{name}")
     ckpt_dir = Path(checkpoints or f"artifacts/checkpoints/unlearn-{name}")
     plots_dir = Path(plots or f"artifacts/plots/unlearn/{name}")
+    monitor_dir = Path(monitor_plots or f"artifacts/plots/monitor/{name}") if monitor else None
     init_distributed()
     with hold_outputs(out_dir, ckpt_dir):
         summaries = run_unlearn_seeds(name, cfg, train, data, str(section(params, "unlearn.model")), Path(shards),
                                       out_dir, ckpt_dir, plots_dir, list(seeds or section(params, "unlearn.seeds")),
-                                      resume, Path(reference) if reference else None)
+                                      resume, Path(reference) if reference else None, monitor, monitor_dir)
     for summary in summaries:
         log.info("unlearn %s: %s", name, json.dumps(summary))

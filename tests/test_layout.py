@@ -65,7 +65,7 @@ def test_stages_are_thin():
     assert not long, f"stage modules over 90 lines (move the logic into pipeline/): {long}"
 
 
-COMMAND_MODULES = {"make-world": "world", "train-tokenizer": "tokenizer", "finetune": "finetune",
+COMMAND_MODULES = {"make-world": "world", "train-tokenizer": "tokenizer", "finetune": "finetune", "relearn": "relearn",
                    "check-models": "check_models", "attribute": "attribute", "reference": "reference",
                    "unlearn": "unlearn",
                    "evaluate": "evaluate", "report": "report", "tune": "tune",

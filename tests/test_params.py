@@ -53,7 +53,8 @@ def test_the_command_line_takes_overrides_and_several_overlays(tmp_path, monkeyp
     from stages.cli import cli
 
     seen = {}
-    monkeypatch.setattr(report_stage, "load_rows", lambda metrics, runs, defaults: seen.update(runs=runs) or [])
+    monkeypatch.setattr(report_stage, "load_rows",
+                        lambda metrics, runs, defaults, relearn: seen.update(runs=runs) or [])
     monkeypatch.setattr(report_stage, "load_ablations", lambda *a: [])
     monkeypatch.setattr(report_stage, "write_report", lambda *a: None)
     file = tmp_path / "params.yaml"

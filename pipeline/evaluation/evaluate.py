@@ -38,8 +38,8 @@ import torch
 from pipeline.common.atomic import atomic_dir, write_json
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import check_vocab, load_model, load_tokenizer
-from pipeline.common.params import (at_least, check_keys, check_rules, dataclass_from_params, one_of, origins_of,
-                                     section)
+from pipeline.common.params import (at_least, between, check_keys, check_rules, dataclass_from_params, one_of,
+                                    origins_of, section)
 from pipeline.common.paths import is_hub_name
 from pipeline.common.runs import complete_seeds, is_run_dir
 from pipeline.data.templates import get_template
@@ -47,6 +47,9 @@ from pipeline.data.tofu import load_split
 from pipeline.evaluation.multiple_choice import (SCORINGS, WMDP_SUBJECTS, MCItem, evaluate_mc, load_mmlu, load_wmdp,
                                                  world_mc_sets)
 from pipeline.evaluation import open_unlearning
+from pipeline.evaluation.mia import MIA_ATTACKS, PRIVLEAK_ATTACK, MIAResult, membership_inference, privleak
+from pipeline.evaluation.probes import PROBED_SETS, paraphrase_items, probe
+from pipeline.evaluation.quantize import BITS, QUANT_METHODS, load_quantized_bnb, resolve_method, rtn_quantized
 from pipeline.evaluation.tofu_metrics import (ES_DEFINITIONS, LOSS_DTYPES, SetResult, evaluate_set, forget_quality,
                                               model_utility, rouge_references)
 
@@ -71,6 +74,12 @@ class EvalConfig:
     mc_batch_size: int = 16
     seed: int = 0                      # the world's MC sets: the order of the choices
     trust_remote_code: bool = False
+    # Is it forgotten or hidden (README "Robustness"); each off when empty or false
+    mia: dict = field(default_factory=dict)        # membership inference: {holdout_split, k, attacks} (MIASpec)
+    paraphrase: bool = False           # forget and retain answers also asked with TOFU's paraphrased questions
+    quantize: dict = field(default_factory=dict)   # the quantization attack: {bits, group_size, method} (QuantizeSpec)
+    probe_sets: list = field(default_factory=list)  # what the attacks' probes score: forget, retain and MC set
+                                                    # names (world_forget, ...); []: forget, retain and every MC set
 
     @classmethod
     def from_params(cls, values: dict, where: str = "evaluate", origins: dict[str, str] | None = None) -> "EvalConfig":
@@ -83,7 +92,58 @@ class EvalConfig:
                     where, origins)
         for name, spec in cfg.multiple_choice.items():
             check_mc_spec(spec, f"{where}.multiple_choice.{name}")
+        if cfg.mia and "forget" not in cfg.tofu_sets:
+            raise ParamError(f"{where}.mia: membership inference scores the forget set: add forget to "
+                             f"{where}.tofu_sets, or set {where}.mia: {{}}")
+        if cfg.mia:
+            MIASpec.from_params(cfg.mia, f"{where}.mia")  # their checks, before any work
+        if cfg.quantize:
+            QuantizeSpec.from_params(cfg.quantize, f"{where}.quantize")
         return cfg
+
+    @property
+    def mia_spec(self) -> "MIASpec | None":
+        return MIASpec.from_params(self.mia, "evaluate.mia") if self.mia else None
+
+    @property
+    def quantize_spec(self) -> "QuantizeSpec | None":
+        return QuantizeSpec.from_params(self.quantize, "evaluate.quantize") if self.quantize else None
+
+
+@dataclass(frozen=True)
+class MIASpec:
+    """Membership inference of the forget set against a holdout set of authors the models never saw."""
+
+    holdout_split: str = "holdout10"   # TOFU's and the embedded world's holdout01/05/10
+    k: float = 0.4                     # Min-K% and Min-K%++ (open-unlearning's TOFU config)
+    attacks: list = field(default_factory=lambda: list(MIA_ATTACKS))
+
+    @classmethod
+    def from_params(cls, values: dict, where: str) -> "MIASpec":
+        spec = dataclass_from_params(cls, values, where)
+        check_rules(spec, {"k": between(0, 1, lo_open=True)}, where)
+        unknown = [a for a in spec.attacks if a not in MIA_ATTACKS]
+        if unknown or not spec.attacks:
+            raise ParamError(f"{where}.attacks={spec.attacks!r}: choose one or more of {list(MIA_ATTACKS)}")
+        return spec
+
+
+@dataclass(frozen=True)
+class QuantizeSpec:
+    """The quantization attack: the weights rounded to each of `bits`, then the probes again."""
+
+    bits: list = field(default_factory=lambda: [8, 4])
+    group_size: int = 128              # input columns sharing one scale (w4g128, the common weight-only baseline)
+    method: str = "auto"               # rtn (weight-only round-to-nearest, any device) | bnb (bitsandbytes, CUDA) |
+                                       # auto (bnb where it runs, else rtn)
+
+    @classmethod
+    def from_params(cls, values: dict, where: str) -> "QuantizeSpec":
+        spec = dataclass_from_params(cls, values, where)
+        check_rules(spec, {"method": one_of(QUANT_METHODS), "group_size": at_least(0)}, where)
+        if not spec.bits or not all(isinstance(b, int) and not isinstance(b, bool) and b in BITS for b in spec.bits):
+            raise ParamError(f"{where}.bits={spec.bits!r}: a non-empty list of bit widths of {list(BITS)}, e.g. [8, 4]")
+        return spec
 
 
 def eval_config(params: dict) -> EvalConfig:
@@ -219,6 +279,8 @@ class EvalInputs:
     mc: dict[str, tuple[dict, list[MCItem]]]        # MC set name -> (its spec, items)
     retain_truth_ratios: list[float] | None = None  # the retain model's forget truth ratios, for forget quality
     retain_logs: open_unlearning.RetainLogs | None = None  # where they come from open-unlearning's TOFU_EVAL.json
+    holdout: tuple[str, list[dict]] | None = None   # membership inference's holdout split and rows
+    retain_auc: dict[str, float] | None = None      # the retain model's AUC per attack, for privleak
 
 
 def load_inputs(cfg: EvalConfig, retain_dir: Path | None, own_retain: bool = False) -> EvalInputs:
@@ -233,10 +295,39 @@ def load_inputs(cfg: EvalConfig, retain_dir: Path | None, own_retain: bool = Fal
     for name, spec in cfg.multiple_choice.items():
         for set_name, items in MC_FORMATS[spec["format"]](name, spec, cfg).items():
             mc[set_name] = (spec, items)
+    unknown = [s for s in cfg.probe_sets if s not in (*PROBED_SETS, *mc)]
+    if unknown:
+        raise ParamError(f"evaluate.probe_sets: {unknown} are neither forget, retain nor a multiple-choice set of "
+                         f"evaluate.multiple_choice (have {sorted(mc)})")
     reference, retain_logs = None, None
     if retain_dir is not None and not own_retain and "forget" in tofu:
         reference, retain_logs = load_retain_reference(Path(retain_dir), hashes["forget"], len(tofu["forget"][1]))
-    return EvalInputs(tofu, hashes, mc, reference, retain_logs)
+    holdout, retain_auc = None, None
+    if cfg.mia_spec is not None:
+        holdout = (cfg.mia_spec.holdout_split, load_split(cfg.source, cfg.mia_spec.holdout_split))
+        if retain_dir is not None and not own_retain:
+            retain_auc = load_retain_auc(Path(retain_dir), cfg.mia_spec.attacks)
+    return EvalInputs(tofu, hashes, mc, reference, retain_logs, holdout, retain_auc)
+
+
+def load_retain_auc(retain: Path, attacks: list[str]) -> dict[str, float]:
+    """The retain model's AUC of each attack, for privleak: from its evaluation here (metrics.json's `mia`), or
+    from open-unlearning's TOFU_EVAL.json of it (`mia_<attack>.agg_value`). An attack it lacks is an error: its
+    privleak would silently compare with another reference."""
+    file = retain / "metrics.json" if (retain / "metrics.json").is_file() else open_unlearning.eval_file(retain)
+    if file is None:
+        raise DataError(f"privleak needs the retain model's membership-inference AUCs, and {retain} holds neither "
+                        "metrics.json nor TOFU_EVAL.json: evaluate the retain model first (DVC stage evaluate_retain)")
+    data = json.loads(file.read_text(encoding="utf-8"))
+    if file.name == "metrics.json":
+        found = {a: v["auc"] for a, v in (data.get("mia") or {}).items() if isinstance(v, dict) and "auc" in v}
+    else:
+        found = {a: data[f"mia_{a}"]["agg_value"] for a in attacks if isinstance(data.get(f"mia_{a}"), dict)}
+    missing = [a for a in attacks if a not in found]
+    if missing:
+        raise DataError(f"{file}: no membership-inference AUC of {missing} for the retain model: evaluate it again "
+                        "with the same evaluate.mia (privleak compares each attack with the retain model's)")
+    return {a: float(found[a]) for a in attacks}
 
 
 def _own_retain(out_dir: Path, retain_dir: Path | None) -> bool:
@@ -246,7 +337,7 @@ def _own_retain(out_dir: Path, retain_dir: Path | None) -> bool:
 def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: Path | None,
                    inputs: EvalInputs | None = None) -> dict:
     """Evaluate one model and write `out_dir` (atomically). `retain_dir`: the retain model's evaluation, for
-    forget quality (None: no forget quality; `out_dir` itself: this is the retain model). `inputs`: already
+    forget quality and privleak (None: neither; `out_dir` itself: this is the retain model). `inputs`: already
     loaded by `load_inputs` (several models on the same inputs), else loaded here, before the model."""
     start = time.perf_counter()
     own_retain = _own_retain(out_dir, retain_dir)
@@ -270,7 +361,6 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
                      # the settings that change the TOFU metrics' values
                      "definitions": {"es_definition": cfg.es_definition, "loss_dtype": cfg.loss_dtype,
                                      "max_new_tokens": cfg.max_new_tokens}}
-    item_tables: dict[str, pa.Table] = {}
     records: dict[str, list[dict]] = {}
     results: dict[str, SetResult] = {}
 
@@ -279,7 +369,6 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
                               name=f"{cfg.source}/{split}", es_definition=cfg.es_definition,
                               loss_dtype=cfg.loss_dtype)
         results[name], records[name] = result, _item_records(rows, result)
-        item_tables[name] = _item_table(records[name], {"split": split, "questions_hash": inputs.questions_hash[name]})
         summary[name] = {"n": len(rows), **{k: round(v, 6) for k, v in result.aggregates.items()}}
         log.info("%s: %s", split, summary[name])
 
@@ -296,15 +385,96 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
         summary["retain_em"] = summary["retain"]["exact_memorization"]
     if all(s in results for s in ("retain", "real_authors", "world_facts")):
         summary["model_utility"] = round(model_utility({k: v.aggregates for k, v in results.items()}), 6)
-    ou_logs = open_unlearning.eval_logs(records, fq.pvalue if fq else None) if records else None
 
-    mc_tables: dict[str, pa.Table] = {}
+    if cfg.paraphrase:
+        _paraphrase(model, tokenizer, template, inputs, cfg, records, summary)
+    mia = None
+    if cfg.mia_spec is not None:
+        mia = membership_inference(model, tokenizer, template, inputs.tofu["forget"][1], inputs.holdout[1],
+                                   cfg.mia_spec.attacks, cfg.mia_spec.k, cfg.batch_size)
+        _summarise_mia(mia, inputs.retain_auc, own_retain, summary)
+        for attack, scores in mia.forget.items():
+            for record, score in zip(records["forget"], scores):
+                record[f"mia_{attack}"] = float(score)
+    ou_logs = open_unlearning.eval_logs(records, fq.pvalue if fq else None, _mia_logs(mia, summary)) \
+        if records else None
+    mc_tables = _multiple_choice(model, tokenizer, template, inputs, cfg, summary)
+    if cfg.quantize_spec is not None:
+        _quantization_attack(model, model_path, tokenizer, template, inputs, cfg, summary)
+
+    summary["seconds"] = round(time.perf_counter() - start, 1)
+    with atomic_dir(out_dir) as tmp:
+        (tmp / "items").mkdir()
+        for name, rows in records.items():
+            meta = {"split": inputs.tofu[name][0], "questions_hash": inputs.questions_hash[name]}
+            pq.write_table(_item_table(rows, meta), tmp / "items" / f"{name}.parquet", compression="zstd")
+        if mia is not None:
+            split, rows = inputs.holdout
+            holdout = [{"index": i, "question": r["question"], "answer": r["answer"],
+                        **{f"mia_{a}": float(v[i]) for a, v in mia.holdout.items()}} for i, r in enumerate(rows)]
+            pq.write_table(_item_table(holdout, {"split": split, "questions_hash": _questions_hash(rows)}),
+                           tmp / "items" / "holdout.parquet", compression="zstd")
+        if mc_tables:
+            (tmp / "mc").mkdir()
+            for name, table in mc_tables.items():
+                pq.write_table(table, tmp / "mc" / f"{name}.parquet", compression="zstd")
+        write_json(tmp / "metrics.json", summary)
+        if ou_logs is not None:
+            open_unlearning.write_files(tmp, ou_logs)  # the same evaluation in open-unlearning's layout
+    return summary
+
+
+def _paraphrase(model, tokenizer, template, inputs: EvalInputs, cfg: EvalConfig, records: dict[str, list[dict]],
+                summary: dict) -> None:
+    """The forget and retain answers asked with the paraphrased questions: `para_*` item columns, the sets' means,
+    and `forget_para_es`, `forget_para_rouge` (retain_ too) beside forget_es."""
+    for name in PROBED_SETS:
+        if name not in inputs.tofu:
+            continue
+        split, rows = inputs.tofu[name]
+        para = paraphrase_items(model, tokenizer, template, rows, cfg, f"{cfg.source}/{split}")
+        records[name] = [{**r, **p} for r, p in zip(records[name], para)]
+        es = [p["para_extraction_strength"] for p in para]
+        rouge = [p["para_rouge_l_recall"] for p in para]
+        summary[name]["para_extraction_strength"] = round(statistics.fmean(es), 6)
+        summary[name]["para_rouge_l_recall"] = round(statistics.fmean(rouge), 6)
+        summary[f"{name}_para_es"] = summary[name]["para_extraction_strength"]
+        summary[f"{name}_para_rouge"] = summary[name]["para_rouge_l_recall"]
+
+
+def _summarise_mia(mia: MIAResult, retain_auc: dict[str, float] | None, own_retain: bool, summary: dict) -> None:
+    """`mia.<attack>`: AUC, mean scores, privleak against the retain model's AUC (none without it); top level:
+    `mia_<attack>_auc` and `privleak` (open-unlearning's, of min_k)."""
+    reference = mia.auc if own_retain else retain_auc
+    summary["mia"] = {}
+    for attack, value in mia.auc.items():
+        entry = {"auc": round(value, 6), "forget_mean": round(float(mia.forget[attack].mean()), 6),
+                 "holdout_mean": round(float(mia.holdout[attack].mean()), 6)}
+        if reference is not None:
+            entry["privleak"] = round(privleak(value, reference[attack]), 6)
+            entry["retain_auc"] = round(reference[attack], 6)
+        summary["mia"][attack] = entry
+        summary[f"mia_{attack}_auc"] = entry["auc"]
+    if reference is not None and PRIVLEAK_ATTACK in summary["mia"]:
+        summary["privleak"] = summary["mia"][PRIVLEAK_ATTACK]["privleak"]
+    log.info("membership inference: %s", summary["mia"])
+
+
+def _mia_logs(mia: MIAResult | None, summary: dict) -> dict | None:
+    if mia is None:
+        return None
+    return {"forget": mia.forget, "holdout": mia.holdout, "auc": mia.auc, "privleak": summary.get("privleak")}
+
+
+def _multiple_choice(model, tokenizer, template, inputs: EvalInputs, cfg: EvalConfig, summary: dict
+                     ) -> dict[str, pa.Table]:
+    tables: dict[str, pa.Table] = {}
     for set_name, (spec, items) in inputs.mc.items():
         scoring = spec.get("scoring", "letter")
         result = evaluate_mc(model, tokenizer, items, batch_size=cfg.mc_batch_size, scoring=scoring,
                              template=template, add_bos_token=spec.get("add_bos_token"),
                              max_length=spec.get("max_length"), desc=f"multiple choice {set_name}")
-        mc_tables[set_name] = pa.Table.from_pylist(result["records"]).replace_schema_metadata(
+        tables[set_name] = pa.Table.from_pylist(result["records"]).replace_schema_metadata(
             {b"tokenunlearn": json.dumps({"scoring": scoring}).encode()})
         summary[f"mc_{set_name}"] = round(result["accuracy"], 6)  # overall accuracy: the report's column
         # Per subject (MMLU's 57) and how it was scored; not an `mc_` key, which the report makes a column of.
@@ -314,20 +484,28 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
             "by_subject": {s: {"n": g["n"], "accuracy": round(g["accuracy"], 6)}
                            for s, g in result["by_subject"].items()}}
         log.info("multiple choice %s: accuracy %.4f over %d items", set_name, result["accuracy"], result["n"])
+    return tables
 
-    summary["seconds"] = round(time.perf_counter() - start, 1)
-    with atomic_dir(out_dir) as tmp:
-        (tmp / "items").mkdir()
-        for name, table in item_tables.items():
-            pq.write_table(table, tmp / "items" / f"{name}.parquet", compression="zstd")
-        if mc_tables:
-            (tmp / "mc").mkdir()
-            for name, table in mc_tables.items():
-                pq.write_table(table, tmp / "mc" / f"{name}.parquet", compression="zstd")
-        write_json(tmp / "metrics.json", summary)
-        if ou_logs is not None:
-            open_unlearning.write_files(tmp, ou_logs)  # the same evaluation in open-unlearning's layout
-    return summary
+
+def _quantization_attack(model, model_path: str, tokenizer, template, inputs: EvalInputs, cfg: EvalConfig,
+                         summary: dict) -> None:
+    """The probes again with the weights rounded to each bit width: `quantization.<bits>` and, for the report,
+    `q<bits>_<probe>` (q4_forget_es, q4_mc_world_forget, ...)."""
+    spec = cfg.quantize_spec
+    method = resolve_method(spec.method)
+    summary["quantization"] = {"method": method, "group_size": spec.group_size}
+    for bits in spec.bits:
+        if method == "rtn":
+            with rtn_quantized(model, bits, spec.group_size) as report:
+                probed = probe(model, tokenizer, template, inputs.tofu, inputs.mc, cfg)
+        else:  # bitsandbytes: the weights reloaded into its int8 / nf4 kernels
+            quantized = load_quantized_bnb(model_path, bits, cfg.trust_remote_code)
+            report = {"method": "bnb", "bits": bits}
+            probed = probe(quantized, tokenizer, template, inputs.tofu, inputs.mc, cfg)
+            del quantized
+        summary["quantization"][str(bits)] = {**probed, "weights": report}
+        summary.update({f"q{bits}_{key}": value for key, value in probed.items()})
+        log.info("quantization attack, %d bits (%s): %s", bits, method, probed)
 
 
 # ---- several seeds of one run --------------------------------------------------------------------------------

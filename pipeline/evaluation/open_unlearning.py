@@ -10,7 +10,8 @@ Names (open-unlearning's configs/eval/tofu_metrics): forget_Q_A_Prob, forget_Q_A
 forget_truth_ratio (lowercase), forget_Q_A_ROUGE, forget_quality, extraction_strength, exact_memorization (the
 forget set's); retain_Q_A_{Prob,PARA_Prob,PERT_Prob,ROUGE} and retain_Truth_Ratio; ra_ and wf_ (real authors,
 world facts) Q_A_Prob (unnormalised), Q_A_PERT_Prob, Q_A_Prob_normalised (TokenUnlearn's `probability` there),
-Truth_Ratio and Q_A_ROUGE; model_utility. TokenUnlearn has no MIA, so no mia_* or privleak.
+Truth_Ratio and Q_A_ROUGE; model_utility; with evaluate.mia, mia_loss, mia_zlib, mia_min_k, mia_min_k_plus_plus
+(`{"agg_value": AUC, "auc": AUC, "forget": {...}, "holdout": {...}}`, each set's scores by index) and privleak.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pyarrow.parquet as pq
 
 from pipeline.common.atomic import write_json
 from pipeline.common.errors import DataError
+from pipeline.evaluation.mia import auc
 from pipeline.evaluation.tofu_metrics import ITEM_COLUMNS, SET_SPECS, UTILITY_SETS, model_utility, set_aggregates
 
 log = logging.getLogger(__name__)
@@ -34,7 +36,7 @@ PREFIX = {"forget": "forget", "retain": "retain", "real_authors": "ra", "world_f
 # The top-level metrics of open-unlearning's configs/eval/tofu.yaml that TokenUnlearn computes, and exact
 # memorization (one of its metrics, left out of that list by default): what TOFU_SUMMARY.json holds.
 SUMMARY_METRICS = ("forget_quality", "forget_Q_A_Prob", "forget_Q_A_ROUGE", "model_utility", "extraction_strength",
-                   "exact_memorization")
+                   "exact_memorization", "privleak", "mia_loss", "mia_zlib", "mia_min_k", "mia_min_k_plus_plus")
 
 
 def truth_ratio_key(kind: str) -> str:
@@ -74,9 +76,27 @@ def set_logs(kind: str, items: list[dict]) -> dict[str, dict]:
     return logs
 
 
-def eval_logs(items_by_set: dict[str, list[dict]], forget_quality: float | None) -> dict[str, dict]:
+def _scores_entry(scores) -> dict:
+    return {"agg_value": float(np.mean(scores)),
+            "value_by_index": {str(i): {"score": float(v)} for i, v in enumerate(scores)}}
+
+
+def mia_logs(mia: dict) -> dict[str, dict]:
+    """mia_<attack> entries (open-unlearning's layout) and privleak, from `{"forget": {attack: scores},
+    "holdout": {...}, "auc": {attack: AUC}, "privleak": value or None}`."""
+    logs = {f"mia_{attack}": {"agg_value": value, "auc": value, "forget": _scores_entry(mia["forget"][attack]),
+                              "holdout": _scores_entry(mia["holdout"][attack])}
+            for attack, value in mia["auc"].items()}
+    if mia.get("privleak") is not None:
+        logs["privleak"] = {"agg_value": mia["privleak"]}
+    return logs
+
+
+def eval_logs(items_by_set: dict[str, list[dict]], forget_quality: float | None,
+              mia: dict | None = None) -> dict[str, dict]:
     """TOFU_EVAL.json's content: every set's entries, forget quality (null without a retain model's evaluation, as
-    open-unlearning writes it) and model utility (when retain, real authors and world facts were evaluated)."""
+    open-unlearning writes it), model utility (when retain, real authors and world facts were evaluated), and the
+    membership-inference entries (`mia_logs`) where there are any."""
     logs: dict[str, dict] = {}
     for kind, items in items_by_set.items():
         logs.update(set_logs(kind, items))
@@ -85,6 +105,8 @@ def eval_logs(items_by_set: dict[str, list[dict]], forget_quality: float | None)
     if all(s in items_by_set for s in UTILITY_SETS):
         logs["model_utility"] = {"agg_value": model_utility({s: set_aggregates(items_by_set[s], s)
                                                              for s in UTILITY_SETS})}
+    if mia is not None:
+        logs.update(mia_logs(mia))
     return dict(sorted(logs.items()))
 
 
@@ -101,7 +123,20 @@ def write_files(out_dir: Path, logs: dict[str, dict]) -> None:
 
 # ---- re-export of an evaluation directory --------------------------------------------------------------------
 
-def _read_one(eval_dir: Path) -> tuple[dict[str, list[dict]], float | None]:
+def _read_mia(eval_dir: Path, forget: list[dict] | None, metrics: dict) -> dict | None:
+    """The membership-inference scores kept in the items (forget's `mia_*` columns and items/holdout.parquet)."""
+    file = eval_dir / "items" / "holdout.parquet"
+    if not file.is_file() or not forget:
+        return None
+    holdout = pq.read_table(file).to_pylist()
+    attacks = [c[4:] for c in holdout[0] if c.startswith("mia_")]
+    scores = {"forget": {a: [it[f"mia_{a}"] for it in forget] for a in attacks},
+              "holdout": {a: [it[f"mia_{a}"] for it in holdout] for a in attacks}}
+    return {**scores, "auc": {a: auc(scores["forget"][a], scores["holdout"][a]) for a in attacks},
+            "privleak": metrics.get("privleak")}
+
+
+def _read_one(eval_dir: Path) -> tuple[dict[str, list[dict]], float | None, dict | None]:
     items = {kind: pq.read_table(eval_dir / "items" / f"{kind}.parquet").to_pylist()
              for kind in SET_SPECS if (eval_dir / "items" / f"{kind}.parquet").is_file()}
     if not items:
@@ -111,9 +146,9 @@ def _read_one(eval_dir: Path) -> tuple[dict[str, list[dict]], float | None]:
     if missing:
         raise DataError(f"{eval_dir}: its items lack {missing}: an evaluation made before open-unlearning's export; "
                         "evaluate the model again")
-    metrics = eval_dir / "metrics.json"
-    fq = json.loads(metrics.read_text()).get("forget_quality") if metrics.is_file() else None
-    return items, fq
+    file = eval_dir / "metrics.json"
+    metrics = json.loads(file.read_text()) if file.is_file() else {}
+    return items, metrics.get("forget_quality"), _read_mia(eval_dir, items.get("forget"), metrics)
 
 
 def export_evaluation(eval_dir: Path, out_dir: Path) -> list[Path]:
@@ -128,9 +163,9 @@ def export_evaluation(eval_dir: Path, out_dir: Path) -> list[Path]:
         raise DataError(f"{eval_dir}: not an evaluation directory (no items/ and no seed*/items/): the --out of "
                         "`tokenunlearn evaluate`")
     for source, target in pairs:
-        items, fq = _read_one(source)
+        items, fq, mia = _read_one(source)
         target.mkdir(parents=True, exist_ok=True)
-        write_files(target, eval_logs(items, fq))
+        write_files(target, eval_logs(items, fq, mia))
         log.info("open-unlearning's %s and %s of %s written to %s", EVAL_FILE, SUMMARY_FILE, source, target)
     return [target for _, target in pairs]
 

@@ -25,6 +25,17 @@ from pipeline.common.plots import pyplot, save_figure
 # (summary key, column title); multiple-choice columns follow, one per `mc_*` key found.
 COLUMNS = [("retain_es", "retain ES ↑"), ("forget_es", "forget ES ↓"), ("model_utility", "MU ↑"),
            ("log10_forget_quality", "log10 FQ ↑")]
+# Is it forgotten or only hidden (evaluate.mia, paraphrase, quantize; the relearn stages as `relearn_*`), where
+# evaluated: each attack's forget ES and forget multiple-choice accuracy, against the same model unattacked.
+ROBUSTNESS_COLUMNS = [
+    ("privleak", "privleak (→0)"), ("mia_min_k_plus_plus_auc", "Min-K%++ AUC (→retain)"),
+    ("forget_para_es", "forget ES, paraphrased ↓"), ("q8_forget_es", "forget ES, 8-bit ↓"),
+    ("q4_forget_es", "forget ES, 4-bit ↓"), ("relearn_before_forget_es", "forget ES, unseen rows ↓"),
+    ("relearn_forget_forget_es", "… after relearning on forget ↓"),
+    ("relearn_retain_forget_es", "… after relearning on retain ↓"),
+    ("mc_world_forget", "forget MC, cloze ↓"), ("mc_world_letter_forget", "forget MC, letter ↓"),
+    ("q4_mc_world_forget", "forget MC, 4-bit ↓"), ("relearn_forget_mc_world_forget", "forget MC, relearned ↓"),
+]
 WEIGHTING_PREFIX = {"uniform": "", "hard": "T-", "soft": "S-"}
 
 
@@ -42,8 +53,9 @@ def paper_name(method: str, weighting: str) -> str:
     return f"{WEIGHTING_PREFIX.get(weighting, weighting + '-')}{'GradDiff' if method == 'graddiff' else method.upper()}"
 
 
-def load_rows(metrics_dir: Path, runs: dict[str, dict], defaults: dict) -> list[Row]:
-    """Target, retain, then each run of `runs` (a subset of `unlearn.runs`), from `metrics_dir/NAME.json`."""
+def load_rows(metrics_dir: Path, runs: dict[str, dict], defaults: dict, relearn_dir: Path | None = None) -> list[Row]:
+    """Target, retain, then each run of `runs` (a subset of `unlearn.runs`), from `metrics_dir/NAME.json`, with the
+    relearning attack's summary (`relearn_dir/NAME.json`, where there is one) as `relearn_*` keys."""
     wanted = [("target", "before unlearning", "", "", "phi"), ("retain", "retain model", "", "", "phi")]
     for name, run in runs.items():
         spec = {**defaults, **run}
@@ -55,7 +67,12 @@ def load_rows(metrics_dir: Path, runs: dict[str, dict], defaults: dict) -> list[
         file = metrics_dir / f"{name}.json"
         if not file.is_file():
             raise DataError(f"{file}: no evaluation of '{name}' (run `dvc repro` or `tokenunlearn evaluate {name}`)")
-        rows.append(Row(name, label, method, weighting, json.loads(file.read_text()), score))
+        summary = json.loads(file.read_text())
+        relearned = relearn_dir / f"{name}.json" if relearn_dir is not None else None
+        if relearned is not None and relearned.is_file():
+            summary |= {f"relearn_{k}": v for k, v in json.loads(relearned.read_text()).items()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        rows.append(Row(name, label, method, weighting, summary, score))
     return rows
 
 
@@ -71,9 +88,15 @@ def _fmt(value, std=None) -> str:
     return f"{value:.3f} ± {std:.3f}" if std else f"{value:.3f}"
 
 
-def results_table(rows: list[Row]) -> tuple[str, str]:
-    """(Markdown, CSV) of the results; the CSV has each column's standard deviation beside it."""
-    keys = COLUMNS + [(k, k[3:] + " acc") for k in mc_keys(rows)]
+def robustness_keys(rows: list[Row]) -> list[tuple[str, str]]:
+    """The robustness columns some row has."""
+    return [(k, t) for k, t in ROBUSTNESS_COLUMNS if any(r.summary.get(k) is not None for r in rows)]
+
+
+def results_table(rows: list[Row], keys: list[tuple[str, str]] | None = None) -> tuple[str, str]:
+    """(Markdown, CSV) of the results (`keys`: the paper's columns and the multiple-choice ones); the CSV has each
+    column's standard deviation beside it."""
+    keys = keys or COLUMNS + [(k, k[3:] + " acc") for k in mc_keys(rows)]
     header = ["model", "run"] + [title for _, title in keys]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     buffer = io.StringIO()
@@ -87,11 +110,11 @@ def results_table(rows: list[Row]) -> tuple[str, str]:
     return "\n".join(lines) + "\n", buffer.getvalue()
 
 
-def comparison_table(rows: list[Row]) -> str:
+def comparison_table(rows: list[Row], keys: list[tuple[str, str]] | None = None) -> str:
     """Token-level minus sequence-level per method and column, and another attribution score minus φ for the
     same method and weighting (Markdown); `*` marks a difference larger than the two standard deviations added,
     the spread over seeds. With one seed there is no spread to compare with, so nothing is marked."""
-    keys = COLUMNS + [(k, k[3:] + " acc") for k in mc_keys(rows)]
+    keys = keys or COLUMNS + [(k, k[3:] + " acc") for k in mc_keys(rows)]
     by_run = {(r.method, r.weighting, r.score): r for r in rows if r.method}
     lines = ["| variant − baseline | " + " | ".join(t for _, t in keys) + " |", "|" + "---|" * (len(keys) + 1)]
     pairs = [(row, by_run.get((m, "uniform", "phi"))) for (m, w, _), row in by_run.items() if w != "uniform"]
@@ -201,21 +224,67 @@ def plot_png(rows: list[Row], out_dir: Path) -> None:
     save_figure(fig, out_dir / "extraction_strength.png")
 
 
+def relearning_csv(rows: list[Row]) -> str:
+    """Forget ES on the rows no attack saw, before and after each relearning attack: the plot's data."""
+    buffer = io.StringIO()
+    w = csv.writer(buffer, lineterminator="\n")
+    w.writerow(["model", "run", "before", "relearned_on_forget", "relearned_on_retain"])
+    for r in rows:
+        values = [r.summary.get(f"relearn_{k}_forget_es") for k in ("before", "forget", "retain")]
+        if values[0] is not None:
+            w.writerow([r.label, r.name] + values)
+    return buffer.getvalue()
+
+
+def plot_relearning(rows: list[Row], path: Path) -> None:
+    """relearning.png: per model, forget ES before and after relearning (mean ± std over seeds)."""
+    rows = [r for r in rows if r.summary.get("relearn_before_forget_es") is not None]
+    if not rows:
+        return
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(max(7, 0.5 * len(rows)), 4.5))
+    bars = [("before", "before"), ("forget", "relearned on a forget slice"), ("retain", "relearned on retain data")]
+    for j, (key, label) in enumerate(bars):
+        ys = [r.summary.get(f"relearn_{key}_forget_es") or 0 for r in rows]
+        errs = [r.summary.get(f"relearn_{key}_forget_es_std") or 0 for r in rows]
+        ax.bar([i + (j - 1) * 0.27 for i in range(len(rows))], ys, width=0.27, yerr=errs, capsize=2, label=label)
+    ax.set_xticks(list(range(len(rows))), [r.label for r in rows], rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel("forget ES on rows no attack saw")
+    ax.set_title("Relearning attack: forget extraction strength before and after")
+    ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
 def write_report(rows: list[Row], out_dir: Path, plots_dir: Path, ablations: list[Ablation] = ()) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     plots_dir.mkdir(parents=True, exist_ok=True)
     markdown, table_csv = results_table(rows)
+    robust = robustness_keys(rows)
     with atomic_file(out_dir / "results.md") as f:
         f.write(markdown)
         f.write("\nToken level against sequence level (`*`: larger than the two standard deviations added; "
                 "never with one seed):\n\n")
         f.write(comparison_table(rows))
+        if robust:
+            f.write("\nIs it forgotten or only hidden (privleak against the retain model; forget ES on TOFU's "
+                    "paraphrased questions, after rounding the weights to 8 and 4 bits, and, on the forget rows no "
+                    "attack trained on, before and after a few relearning steps; forget-author multiple choice in "
+                    "both scorings, after 4-bit rounding and after relearning on the forget slice):\n\n")
+            f.write(results_table(rows, robust)[0])
+            f.write("\nThe same, token level against sequence level:\n\n")
+            f.write(comparison_table(rows, robust))
         for ablation in ablations:
             table, _ = results_table([Row(r.name, f"{r.label}, {ablation.axis} = {x}", r.method, r.weighting,
                                           r.summary) for x, r in ablation.points])
             f.write(f"\nAblation of {ablation.axis}:\n\n{table}")
     with atomic_file(out_dir / "results.csv") as f:
         f.write(table_csv)
+    if robust:
+        with atomic_file(out_dir / "robustness.csv") as f:
+            f.write(results_table(rows, robust)[1])
+        with atomic_file(plots_dir / "relearning.csv") as f:
+            f.write(relearning_csv(rows))
+        plot_relearning(rows, out_dir / "relearning.png")
     for name, text in plot_tables(rows).items():
         with atomic_file(plots_dir / name) as f:
             f.write(text)

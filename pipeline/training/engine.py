@@ -372,11 +372,14 @@ def train_loop(
     run_fingerprint: str,
     resume: bool,
     desc: str,
+    on_step: Callable[[int], dict | None] | None = None,
 ) -> list[dict]:
     """Run `engine.total_steps` optimizer steps; return the per-step metric history.
 
     With `resume`, a checkpoint in `ckpt_dir` of the same run (same fingerprint of params and data) is loaded
-    and the run continues from its step; any other checkpoint there is discarded.
+    and the run continues from its step; any other checkpoint there is discarded. `on_step(steps_done)`, after
+    each step (an evaluation during training, say): what it returns joins that step's history row, so a
+    checkpoint keeps it.
     """
     import torch.distributed as dist
     from tqdm import tqdm
@@ -409,6 +412,8 @@ def train_loop(
                         "step_seconds": round(seconds, 4), "tokens_per_second": round(tokens / max(seconds, 1e-9), 1)})
         bar.set_postfix(loss=f"{metrics['loss']:.4f}")
         done = step + 1
+        if on_step is not None:
+            history[-1].update(on_step(done) or {})
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < engine.total_steps:
             engine.save_checkpoint(ckpt_dir, done, {"history": history})
             if is_main_process():

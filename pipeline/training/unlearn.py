@@ -102,7 +102,7 @@ class UnlearnConfig:
         return RETAIN_LOSSES[self.retain_loss] if self.retain_loss != "none" and self.retain_weight > 0 else None
 
 
-RUN_KEYS = ("model", "seeds", "train", "defaults", "runs")  # the keys of the `unlearn` section
+RUN_KEYS = ("model", "seeds", "train", "defaults", "runs", "monitor")  # the keys of the `unlearn` section
 
 
 def run_configs(params: dict, name: str) -> tuple[UnlearnConfig, TrainConfig]:
@@ -289,6 +289,47 @@ RETAIN_LOSSES: dict[str, RetainLoss | None] = {
 }
 
 
+# ---- evaluation during training ----------------------------------------------------------------------------------
+# The monitor is stage three's (pipeline.evaluation.monitor, handed in by the stage: training does not import
+# evaluation). It gives `every`, `selects`, `evaluate(model, step) -> row` and `keep(row) -> bool`.
+
+# A monitor factory: called with the tokenizer, a new monitor for one seed; its `selection` is what a selection rule
+# makes the written weights depend on (None without a rule), part of each seed's fingerprint.
+MonitorFactory = Callable[[object], object]
+EVAL_PREFIX = "eval_"  # a monitor row's metrics, in the history rows of the steps it evaluated
+
+
+class Watch:
+    """One seed's monitor in the training loop: step 0 (θ_o) before the first step, then every `every` steps and
+    after the last; the weights of the step its rule keeps, copied to CPU memory."""
+
+    def __init__(self, monitor, engine: Engine, total_steps: int, train: TrainConfig):
+        if monitor.selects and train.checkpoint_every:
+            raise ParamError("unlearn.monitor.select: the kept weights are held in memory, so a run resumed from a "
+                             "checkpoint could not restore them; set the run's train.checkpoint_every to 0")
+        self.monitor, self.engine, self.total_steps = monitor, engine, total_steps
+        self.selected: tuple[int, dict] | None = None  # (step, state dict) the rule keeps
+        self.first = self._evaluate(0)  # the weights before any step (also when a checkpoint is resumed)
+
+    def _evaluate(self, step: int) -> dict:
+        row = self.monitor.evaluate(_net(self.engine.engine), step)
+        if self.monitor.keep(row):
+            state = self.engine.full_state_dict()
+            self.selected = (step, {k: v.detach().cpu().clone() for k, v in state.items()} if state else None)
+        return row
+
+    def on_step(self, step: int) -> dict | None:
+        if step % self.monitor.every and step != self.total_steps:
+            return None
+        return {k: v for k, v in self._evaluate(step).items() if k != "step"}
+
+    def rows(self, history: list[dict]) -> list[dict]:
+        """The monitor's rows, step 0 first: what the DVC plot shows."""
+        later = [{"step": r["step"], **{k: v for k, v in r.items() if k.startswith(EVAL_PREFIX)}}
+                 for r in history if any(k.startswith(EVAL_PREFIX) for k in r)]
+        return [self.first] + later
+
+
 # ---- the run ------------------------------------------------------------------------------------------------
 
 def control_vector(hidden_size: int, steer: float, seed: int) -> torch.Tensor:
@@ -377,15 +418,16 @@ def params_used(cfg: UnlearnConfig) -> dict:
 
 
 def seed_fingerprint(name: str, cfg: UnlearnConfig, train: TrainConfig, model_path: str, manifest: dict,
-                     reference_dir: Path | None = None) -> str:
+                     reference_dir: Path | None = None, selection: dict | None = None) -> str:
     """What one seed's model depends on: the params it uses, the model, the forget shards and the reference cache it
-    reads (not the number of processes, which gives the same weights)."""
+    reads, and a monitor's selection rule (not the number of processes, which gives the same weights)."""
     cache = None
     if cfg.retain is not None and cfg.retain.needs_reference and cfg.retain_reference == "cache":
         cache = read_manifest(reference_dir)["shards"] if reference_dir is not None else cfg.reference_top_k
     return fingerprint({"name": name, "params": params_used(cfg), "train": asdict(train), "model": model_path,
                         "shards": manifest["shards"], "source": manifest["metadata"].get("model_hash"),
-                        **({"reference": cache} if cache is not None else {})})
+                        **({"reference": cache} if cache is not None else {}),
+                        **({"selection": selection} if selection else {})})
 
 
 def retain_reference(cfg: UnlearnConfig, retain: list, engine, forget: ForgetStream, model_path: str,
@@ -412,10 +454,12 @@ def retain_reference(cfg: UnlearnConfig, retain: list, engine, forget: ForgetStr
 
 def run_unlearn_seeds(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataConfig, model_path: str,
                       shard_dir: Path, out_dir: Path, ckpt_dir: Path, plots_dir: Path, seeds: list[int],
-                      resume: bool, reference_dir: Path | None = None) -> list[dict]:
+                      resume: bool, reference_dir: Path | None = None, monitor: "MonitorFactory | None" = None,
+                      monitor_dir: Path | None = None) -> list[dict]:
     """Run NAME once per seed into `out_dir/seed{S}/`, then write `out_dir/complete.json` last: a killed run
     has no record, so evaluation refuses it. With `resume`, a seed already finished with the same params is
-    skipped (and a seed killed midway continues from its checkpoint)."""
+    skipped (and a seed killed midway continues from its checkpoint). `monitor`: makes each seed's evaluation
+    during training (`Monitor`), whose rows go to `monitor_dir/seed{S}.csv`."""
     bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int)]
     if bad or not seeds or len(set(seeds)) != len(seeds):
         raise ParamError(f"unlearn.seeds={seeds!r}: a non-empty list of distinct integers")
@@ -424,17 +468,21 @@ def run_unlearn_seeds(name: str, cfg: UnlearnConfig, train: TrainConfig, data: D
         (out_dir / COMPLETE_RECORD).unlink(missing_ok=True)  # incomplete until every seed is done
     manifest = read_manifest(shard_dir)
     summaries, fingerprints = [], {}
+    selection = monitor.selection if monitor is not None else None
     for seed in seeds:
         seed_train = replace(train, seed=seed)
-        fingerprints[str(seed)] = seed_fingerprint(name, cfg, seed_train, model_path, manifest, reference_dir)
+        fingerprints[str(seed)] = seed_fingerprint(name, cfg, seed_train, model_path, manifest, reference_dir,
+                                                   selection)
         record = seed_dir(out_dir, seed) / SEED_RECORD
+        curves = [plots_dir / f"seed{seed}.csv"] + ([monitor_dir / f"seed{seed}.csv"] if monitor_dir else [])
         if resume and record.is_file() and json.loads(record.read_text()).get("fingerprint") == \
-                fingerprints[str(seed)] and (plots_dir / f"seed{seed}.csv").is_file():
+                fingerprints[str(seed)] and all(c.is_file() for c in curves):
             log.info("unlearn %s seed %d: already finished with these params (%s), skipped", name, seed, record)
             summaries.append({"name": name, "seed": seed, "skipped": True})
             continue
         summaries.append(run_unlearn(name, cfg, seed_train, data, model_path, shard_dir, seed_dir(out_dir, seed),
-                                     ckpt_dir / f"seed{seed}", plots_dir / f"seed{seed}.csv", resume, reference_dir))
+                                     ckpt_dir / f"seed{seed}", plots_dir / f"seed{seed}.csv", resume, reference_dir,
+                                     monitor, monitor_dir / f"seed{seed}.csv" if monitor_dir else None, selection))
     if is_main_process():
         write_json(out_dir / COMPLETE_RECORD, {"run": name, "seeds": list(seeds), "fingerprints": fingerprints})
     return summaries
@@ -442,10 +490,13 @@ def run_unlearn_seeds(name: str, cfg: UnlearnConfig, train: TrainConfig, data: D
 
 def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataConfig, model_path: str,
                 shard_dir: Path, out_dir: Path, ckpt_dir: Path, plot_file: Path, resume: bool,
-                reference_dir: Path | None = None) -> dict:
+                reference_dir: Path | None = None, monitor: "MonitorFactory | None" = None,
+                monitor_file: Path | None = None, selection: dict | None = None) -> dict:
     """Unlearn and write `out_dir/model` (safetensors), `out_dir/token_weights.parquet` (the weights used) and
     the per-step total, forget and retain losses to `plot_file` (a DVC plot). `reference_dir`: the reference cache
-    of the retain data (`tokenunlearn reference`), for a retain term that reads θ_o."""
+    of the retain data (`tokenunlearn reference`), for a retain term that reads θ_o. `monitor`: an evaluation
+    every few steps into `monitor_file`; with a selection rule, the weights written are those of the step it
+    chooses."""
     rank, world_size = init_distributed()
     tokenizer = load_tokenizer(model_path, cfg.trust_remote_code)
     forget = ForgetStream(shard_dir, cfg.weighting_spec, seed=train.seed)
@@ -485,18 +536,25 @@ def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataCon
             out.append(batch)
         return out
 
-    run_id = seed_fingerprint(name, cfg, train, model_path, forget.manifest, reference_dir)
+    run_id = seed_fingerprint(name, cfg, train, model_path, forget.manifest, reference_dir, selection)
+    watch = Watch(monitor(tokenizer), engine, total_steps, train) if monitor is not None else None
     # A checkpoint is partitioned by process: it is resumed only by the same number of processes.
     history = train_loop(engine, batches_for_step, make_loss_fn(cfg, reference), ckpt_dir,
-                         fingerprint({"run": run_id, "world_size": world_size}), resume, desc=f"unlearn {name}")
+                         fingerprint({"run": run_id, "world_size": world_size}), resume, desc=f"unlearn {name}",
+                         on_step=watch.on_step if watch is not None else None)
 
     def write(state_dict: dict | None) -> None:
+        chosen = watch.selected if watch is not None else None
         with atomic_dir(out_dir) as tmp:
-            write_trained(engine.module, tokenizer, tmp / "model", state_dict, train.lora_spec, base=model_path,
-                          write=write_model)
+            write_trained(engine.module, tokenizer, tmp / "model", chosen[1] if chosen else state_dict,
+                          train.lora_spec, base=model_path, write=write_model)
             write_token_weights(forget, tmp / "token_weights.parquet")
-            write_json(tmp / SEED_RECORD, {"run": name, "seed": train.seed, "fingerprint": run_id})
-        write_history(history, plot_file)
+            write_json(tmp / SEED_RECORD, {"run": name, "seed": train.seed, "fingerprint": run_id,
+                                           **({"selected_step": chosen[0]} if chosen else {})})
+        write_history([{k: v for k, v in row.items() if not k.startswith(EVAL_PREFIX)} for row in history],
+                      plot_file)
+        if watch is not None and monitor_file is not None:
+            write_history(watch.rows(history), monitor_file)
 
     engine.finish(write, ckpt_dir)
     return {"name": name, "method": cfg.method, "weighting": cfg.weighting, "steps": total_steps,

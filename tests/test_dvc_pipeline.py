@@ -37,6 +37,10 @@ def test_dvc_repro_micro_world(tmp_path):
     params["unlearn"]["train"].update(epochs=1, micro_batch_size=2)
     params["unlearn"]["defaults"]["rmu_layer"] = 2
     params["evaluate"].update(max_new_tokens=16, batch_size=16)
+    params["evaluate"]["quantize"]["bits"] = [4]
+    params["evaluate"]["probe_sets"] = ["forget", "world_forget"]
+    params["relearn"]["train"]["max_steps"] = 2
+    params["unlearn"]["monitor"].update(every=2, max_new_tokens=8)
     params["unlearn"]["seeds"] = [0, 1]
     params["unlearn"]["runs"] = {"npo": {"method": "npo", "weighting": "uniform"},
                                  "s_wga": {"method": "wga", "weighting": "soft"},
@@ -78,8 +82,16 @@ def test_dvc_repro_micro_world(tmp_path):
     table = (proj / "artifacts/report/results.md").read_text()
     assert "| before unlearning | target |" in table and "| S-WGA | s_wga |" in table
     assert "s_wga_a50" not in table.split("Ablation")[0] and "| S-WGA, 1 − α = 0.5 | s_wga_a50 |" in table
-    for png in ("forget_quality_vs_utility.png", "ablation_alpha.png"):
+    for png in ("forget_quality_vs_utility.png", "ablation_alpha.png", "relearning.png"):
         assert (proj / "artifacts/report" / png).read_bytes()[:4] == b"\x89PNG"
+    # is it forgotten or only hidden: privleak against the retain model, the attacks' columns, the monitor's plot
+    assert json.loads((proj / "artifacts/metrics/eval/retain.json").read_text())["privleak"] == 0.0
+    relearned = json.loads((proj / "artifacts/metrics/relearn/npo.json").read_text())
+    assert relearned["seeds"] == [0, 1]
+    assert {"before_forget_es", "forget_forget_es", "retain_forget_es"} <= set(relearned)
+    assert "| privleak (→0) |" in table.split("Is it forgotten")[1].splitlines()[2]
+    monitor = (proj / "artifacts/plots/monitor/npo/seed1.csv").read_text().splitlines()
+    assert monitor[0].startswith("step,eval_forget_es") and monitor[1].startswith("0,")
 
     # A new τ reruns unlearning only, never attribution (r and τ are not params of `attribute`).
     params["unlearn"]["defaults"]["tau"] = 1.0
@@ -87,9 +99,9 @@ def test_dvc_repro_micro_world(tmp_path):
     status = _dvc(["status", "dvc.yaml"], proj)
     assert "unlearn@s_wga" in status and "attribute" not in status and "finetune" not in status
     ran = _dvc(["repro"], proj)
-    for stage in ("unlearn@s_wga", "evaluate@s_wga", "report"):
+    for stage in ("unlearn@s_wga", "evaluate@s_wga", "relearn@s_wga", "report"):
         assert f"Running stage '{stage}'" in ran, ran[-3000:]
-    for stage in ("attribute", "evaluate@npo"):  # npo's weights do not use τ: the same model, not re-evaluated
+    for stage in ("attribute", "evaluate@npo", "relearn@npo"):  # npo's weights do not use τ: not re-evaluated
         assert f"Running stage '{stage}'" not in ran, ran[-3000:]
 
     # The WMDP-style run and the tuning are pipelines of their own on the same params, through their overlays.

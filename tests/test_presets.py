@@ -35,6 +35,11 @@ def test_preset_builds_every_stage_config(preset, overlay):
         _, train = run_configs(params, name)
         assert train.micro_batch_size * train.grad_accum == 32  # the paper's effective batch on one GPU
     eval_config(params)
+    from pipeline.evaluation.monitor import monitor_from_params
+    from pipeline.training.relearn import relearn_config
+
+    assert relearn_config(params).train.lora_spec is not None  # every family relearns with LoRA on one GPU
+    monitor_from_params(params)
 
 
 def test_every_family_of_the_paper_and_open_unlearning_has_a_preset():
@@ -59,6 +64,14 @@ def test_params_and_its_overlays_build_every_stage_config(overlay):
     for name in section(params, "unlearn.runs"):
         run_configs(params, name)
     eval_config(params)
+    from pipeline.evaluation.evaluate import load_inputs
+    from pipeline.evaluation.monitor import monitor_from_params
+    from pipeline.training.relearn import relearn_config
+
+    relearn_config(params)
+    assert monitor_from_params(params).cfg.every > 0
+    if overlay == "tofu" and (REPO.parent / "shared" / "data" / "tofu").is_dir():
+        load_inputs(eval_config(params), None)  # the probe sets, holdout and paraphrases of real TOFU are there
     TuneConfig.from_params(section(params, "tune"))
     table = section(params, "report.table")
     assert set(table) <= set(section(params, "unlearn.runs"))

@@ -98,7 +98,7 @@ def test_relearning_on_the_forget_slice_brings_its_answers_back_and_is_summarise
 
     summary = evaluate_attack(str(run), attack, ecfg, tmp_path / "out", tmp_path / "m.json", "run")
     assert summary["seeds"] == [0, 1]
-    for key in ("before_forget_es", "forget_forget_es", "retain_forget_es", "forget_retain_rouge"):
+    for key in ("before_forget_es", "forget_forget_es", "retain_forget_es", "forget_retain_es"):
         assert key in summary and f"{key}_std" in summary
     assert summary["before_forget_es_std"] == 0.0  # the two seeds are the same model
     per_seed = json.loads((tmp_path / "out" / "seed0.json").read_text())

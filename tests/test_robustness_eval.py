@@ -145,3 +145,30 @@ def test_a_retain_evaluation_without_mia_is_refused_before_any_work(micro_model_
                                              multiple_choice={}), old, old)
     with pytest.raises(DataError, match=r"no membership-inference AUC .*evaluate it again"):
         evaluate_model(str(tmp_path / "missing_model"), _cfg(micro_world_dir), tmp_path / "out", old)
+
+
+def test_report_reads_the_relearning_summaries_and_writes_the_robustness_table(tmp_path):
+    from pipeline.evaluation.report import load_rows, write_report
+
+    metrics, relearn = tmp_path / "eval", tmp_path / "relearn"
+    metrics.mkdir()
+    relearn.mkdir()
+    base = {"retain_es": 0.9, "forget_es": 0.3, "model_utility": 0.8, "log10_forget_quality": -1.0}
+    for name, extra in {"target": {"privleak": -80.0}, "retain": {"privleak": 0.0},
+                        "ga": {"privleak": -20.0, "q4_forget_es": 0.6, "mia_min_k_plus_plus_auc": 0.7}}.items():
+        (metrics / f"{name}.json").write_text(json.dumps({**base, **extra}))
+    (relearn / "ga.json").write_text(json.dumps({"before_forget_es": 0.3, "forget_forget_es": 0.7,
+                                                 "forget_forget_es_std": 0.05, "retain_forget_es": 0.5,
+                                                 "model": "artifacts/unlearn/ga"}))
+    rows = load_rows(metrics, {"ga": {"method": "ga", "weighting": "uniform"}}, {}, relearn)
+    assert rows[2].summary["relearn_forget_forget_es"] == 0.7 and "relearn_model" not in rows[2].summary
+    write_report(rows, tmp_path / "report", tmp_path / "plots")
+    text = (tmp_path / "report" / "results.md").read_text()
+    robust = text[text.index("Is it forgotten"):].splitlines()
+    header = next(line for line in robust if line.startswith("| model"))
+    assert "privleak (→0)" in header and "forget ES, 4-bit ↓" in header and "after relearning on forget" in header
+    assert "forget MC, letter" not in header  # no row has it: no column
+    ga = next(line for line in robust if line.startswith("| GA |"))
+    assert "| -20.000 |" in ga and "| 0.700 ± 0.050 |" in ga
+    assert (tmp_path / "plots" / "relearning.csv").read_text().splitlines()[1] == "GA,ga,0.3,0.7,0.5"
+    assert (tmp_path / "report" / "relearning.png").read_bytes()[:4] == b"\x89PNG"

@@ -74,7 +74,7 @@ class EvalConfig:
     mc_batch_size: int = 16
     seed: int = 0                      # the world's MC sets: the order of the choices
     trust_remote_code: bool = False
-    # Is it forgotten or hidden (README "Robustness"); each off when empty or false
+    # Is it forgotten or only hidden (README, the section of that name); each off when empty or false
     mia: dict = field(default_factory=dict)        # membership inference: {holdout_split, k, attacks} (MIASpec)
     paraphrase: bool = False           # forget and retain answers also asked with TOFU's paraphrased questions
     quantize: dict = field(default_factory=dict)   # the quantization attack: {bits, group_size, method} (QuantizeSpec)

@@ -68,24 +68,27 @@ def _mean(values) -> float:
 
 def probe(model, tokenizer, template: PromptTemplate, tofu: dict[str, tuple[str, list[dict]]],
           mc: dict[str, tuple[dict, list[MCItem]]], cfg: "EvalConfig") -> dict[str, float]:
-    """The cheap evaluation repeated after an attack, on the sets of `evaluate.probe_sets` (all when empty): on the
-    forget and retain sets ES, EM and ROUGE-L recall (`forget_es`, `forget_em`, `forget_rouge`, ...; and, with
-    evaluate.paraphrase, `forget_para_es` and `forget_para_rouge`), and each multiple-choice set's accuracy
-    (`mc_<set>`)."""
+    """The cheap evaluation repeated after an attack, on the sets of `evaluate.probe_sets` (all when empty): forget
+    ES, EM and ROUGE-L recall (`forget_es`, `forget_em`, `forget_rouge`; with evaluate.paraphrase also
+    `forget_para_es` and `forget_para_rouge`), retain ES and EM (did the attack break the model?), and each
+    multiple-choice set's accuracy (`mc_<set>`)."""
     wanted = set(cfg.probe_sets or [*PROBED_SETS, *mc])
     out: dict[str, float] = {}
-    for name in PROBED_SETS:
-        if name not in tofu or name not in wanted:
-            continue
-        split, rows = tofu[name]
+    if "forget" in tofu and "forget" in wanted:
+        split, rows = tofu["forget"]
         m = answer_metrics(model, tokenizer, template, [r["question"] for r in rows], [r["answer"] for r in rows],
                            cfg)
-        out |= {f"{name}_es": _mean(m["extraction_strength"]), f"{name}_em": _mean(m["exact_memorization"]),
-                f"{name}_rouge": _mean(m["rouge_l_recall"])}
-        if cfg.paraphrase and name == "forget":  # does the knowledge come back in another form
+        out |= {"forget_es": _mean(m["extraction_strength"]), "forget_em": _mean(m["exact_memorization"]),
+                "forget_rouge": _mean(m["rouge_l_recall"])}
+        if cfg.paraphrase:  # does the knowledge come back in another form
             para = paraphrase_items(model, tokenizer, template, rows, cfg, f"{cfg.source}/{split}")
-            out |= {f"{name}_para_es": _mean([p["para_extraction_strength"] for p in para]),
-                    f"{name}_para_rouge": _mean([p["para_rouge_l_recall"] for p in para])}
+            out |= {"forget_para_es": _mean([p["para_extraction_strength"] for p in para]),
+                    "forget_para_rouge": _mean([p["para_rouge_l_recall"] for p in para])}
+    if "retain" in tofu and "retain" in wanted:  # teacher forcing only: no generation
+        rows = tofu["retain"][1]
+        stats = answer_statistics(model, tokenizer, template, [r["question"] for r in rows],
+                                  [r["answer"] for r in rows], cfg.batch_size, cfg.es_definition, cfg.loss_dtype)
+        out |= {"retain_es": _mean(stats.extraction_strength), "retain_em": _mean(stats.exact_memorization)}
     for set_name, (spec, items) in mc.items():
         if set_name not in wanted:
             continue

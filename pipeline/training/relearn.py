@@ -89,6 +89,9 @@ def finetune_in_memory(model_path: str, rows: list[dict], data: DataConfig, trai
                        trust_remote_code: bool = False) -> tuple[torch.nn.Module, list[dict]]:
     """The model finetuned on `rows` (question-answer) by the engine, returned in memory with its loss history."""
     _, world_size = init_distributed()
+    if world_size > 1:  # the probes read the model where it was trained: one process, one device
+        raise ParamError(f"relearn: runs in one process ({world_size} were started); a model that does not fit "
+                         "one device relearns with LoRA (relearn.train.lora)")
     tokenizer = load_tokenizer(model_path, trust_remote_code)
     samples = encode_rows(tokenizer, get_template(data.template), rows, data.max_length, name, data.skip_too_long)
     if not samples:

@@ -3,6 +3,7 @@ same grid, epochs and tuning seed for each (params: tune, unlearn, evaluate, dat
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -46,7 +47,9 @@ def command(group, params: dict, shards, reference, out, target_results, retain_
     except (OSError, ValueError, KeyError) as e:
         raise DataError(f"{target_results}: the target's evaluation with its model_utility is needed "
                         f"(DVC stage evaluate_target): {e}") from None
-    eval_cfg = eval_config(params)
+    # the choice needs forget ES and model utility only: the attacks (membership inference, paraphrases,
+    # quantization) are left to the reported runs' evaluations, where they cost once per run, not once per trial
+    eval_cfg = replace(eval_config(params), mia={}, paraphrase=False, quantize={})
     inputs = load_inputs(eval_cfg, Path(retain_results))  # every evaluation input, checked before the first trial
 
     def unlearn_one(name, ucfg, train, work: Path) -> None:

@@ -53,6 +53,8 @@ def command(name, params: dict, shards, reference, out, checkpoints, plots, seed
     ckpt_dir = Path(checkpoints or f"artifacts/checkpoints/unlearn-{name}")
     plots_dir = Path(plots or f"artifacts/plots/unlearn/{name}")
     monitor_dir = Path(monitor_plots or f"artifacts/plots/monitor/{name}") if monitor else None
+    if monitor is None and monitor_plots:  # monitor off: the output a DVC stage declares is there, and empty
+        Path(monitor_plots).mkdir(parents=True, exist_ok=True)
     init_distributed()
     with hold_outputs(out_dir, ckpt_dir):
         summaries = run_unlearn_seeds(name, cfg, train, data, str(section(params, "unlearn.model")), Path(shards),

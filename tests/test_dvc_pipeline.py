@@ -37,10 +37,12 @@ def test_dvc_repro_micro_world(tmp_path):
     params["unlearn"]["train"].update(epochs=1, micro_batch_size=2)
     params["unlearn"]["defaults"]["rmu_layer"] = 2
     params["evaluate"].update(max_new_tokens=16, batch_size=16)
-    params["evaluate"]["quantize"]["bits"] = [4]
-    params["evaluate"]["probe_sets"] = ["forget", "world_forget"]
+    # membership inference, relearning and the monitor end to end; the quantization and paraphrase probes are
+    # checked in tests/test_robustness_eval.py (here they would double every evaluation's time)
+    params["evaluate"].update(quantize={}, paraphrase=False, probe_sets=["forget", "world_forget"])
     params["relearn"]["train"]["max_steps"] = 2
-    params["unlearn"]["monitor"].update(every=2, max_new_tokens=8)
+    params["unlearn"]["monitor"].update(every=2, max_new_tokens=8, n_items=4)
+    params["corpus"]["unlearn"]["monitor"] = {"every": 0}
     params["unlearn"]["seeds"] = [0, 1]
     params["unlearn"]["runs"] = {"npo": {"method": "npo", "weighting": "uniform"},
                                  "s_wga": {"method": "wga", "weighting": "soft"},
@@ -108,6 +110,7 @@ def test_dvc_repro_micro_world(tmp_path):
     params["corpus"]["unlearn"]["train"] = {"epochs": 1, "micro_batch_size": 1}
     params["corpus"]["report"]["table"] = ["npo", "s_wga"]
     params["tune"].update(lrs=[1e-4, 1e-3], groups={"npo": ["npo"]})
+    params["corpus"]["tune"] = {"lrs": [1e-3], "groups": {"npo": ["npo"]}}
     (proj / "params.yaml").write_text(yaml.safe_dump(params))
     _dvc(["repro", "experiments/corpus/dvc.yaml"], proj)
     weights = pq.read_table(proj / "artifacts/corpus/unlearn/s_wga/seed0/token_weights.parquet")
@@ -118,6 +121,7 @@ def test_dvc_repro_micro_world(tmp_path):
     _dvc(["repro", "experiments/tuning/dvc.yaml"], proj)
     choice = json.loads((proj / "artifacts/tuning/npo/choice.json").read_text())
     assert [t["lr"] for t in choice["runs"]["npo"]["trials"]] == [1e-4, 1e-3]
+    assert (proj / "artifacts/tuning/corpus/npo/choice.json").is_file()
     assert "Running stage" not in _dvc(["repro"], proj)  # the root pipeline did not change
 
     # Changing only a finetune param reruns that model and what follows, never the world or tokenizer.

@@ -92,10 +92,13 @@ def test_the_cli_runs_an_mc_only_evaluation(micro_model_dir, tmp_path, monkeypat
 
     params = tmp_path / "params.yaml"
     base = yaml.safe_load((REPO / "params.yaml").read_text())
-    base["evaluate"] = {**base["evaluate"], "tofu_sets": [], "multiple_choice": _sources(tmp_path)}
+    # no TOFU set, so no membership inference (it scores the forget set); the probes score the sets there are
+    base["evaluate"] = {**base["evaluate"], "tofu_sets": [], "multiple_choice": _sources(tmp_path), "mia": {},
+                        "probe_sets": []}
     params.write_text(yaml.safe_dump(base))
     monkeypatch.chdir(tmp_path)  # no artifacts/world here: nothing may need the TOFU splits
     result = CliRunner().invoke(cli, ["evaluate", "m", "--model", str(micro_model_dir), "--params", str(params)])
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "artifacts" / "metrics" / "eval" / "m.json").read_text())
     assert {"mc_wmdp_bio", "mc_mmlu"} <= set(summary) and "forget" not in summary
+    assert {"q4_mc_wmdp_bio", "q8_mc_mmlu"} <= set(summary)  # the quantization attack on multiple choice alone

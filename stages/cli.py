@@ -1,6 +1,5 @@
-"""`tokenunlearn`: one subcommand per DVC stage. Each is a thin wrapper: read params, call `pipeline`, write."""
-
-from __future__ import annotations
+"""`tokenunlearn`: one subcommand per DVC stage (and `sweep`, which runs them on Ray). Each is a thin wrapper:
+read params, call `pipeline`, write."""
 
 import errno
 import logging
@@ -13,7 +12,7 @@ from pipeline.common.distributed import shutdown_distributed
 from pipeline.common.errors import TokenUnlearnError
 
 from . import (attribute, check_models, compare_attribution, evaluate, finetune, inspect, reference, relearn, report,
-               tokenizer, tune, unlearn, world)
+               sweep, tokenizer, tune, unlearn, world)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -33,7 +32,8 @@ def cli(verbose: bool, local_rank: int | None) -> None:
 
 for command in (world.command, tokenizer.command, finetune.command, check_models.command, attribute.command,
                 attribute.download_command, reference.command, inspect.command, unlearn.command, evaluate.command,
-                evaluate.export_command, report.command, tune.command, compare_attribution.command, relearn.command):
+                evaluate.export_command, report.command, tune.command, compare_attribution.command,
+                relearn.command, sweep.command):
     cli.add_command(command)
 
 # Errors of the machine, not of the code: a full disk, a missing permission. One line each, as user errors.

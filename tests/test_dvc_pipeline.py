@@ -100,11 +100,16 @@ def test_dvc_repro_micro_world(tmp_path):
     (proj / "params.yaml").write_text(yaml.safe_dump(params))
     status = _dvc(["status", "dvc.yaml"], proj)
     assert "unlearn@s_wga" in status and "attribute" not in status and "finetune" not in status
-    ran = _dvc(["repro"], proj)
-    for stage in ("unlearn@s_wga", "evaluate@s_wga", "relearn@s_wga", "report"):
-        assert f"Running stage '{stage}'" in ran, ran[-3000:]
-    for stage in ("attribute", "evaluate@npo", "relearn@npo"):  # npo's weights do not use τ: not re-evaluated
-        assert f"Running stage '{stage}'" not in ran, ran[-3000:]
+    # ... here through the sweep (every stage of dvc.yaml, on a local Ray of 2 workers), which runs and records
+    # what `dvc repro` would
+    proc = subprocess.run(["tokenunlearn", "sweep", "dvc.yaml", "*", "--workers", "2"], cwd=proj,
+                          env={**cli_env(), "DVC_NO_ANALYTICS": "1"}, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    swept = json.loads((proj / "artifacts/logs/sweep/sweep.json").read_text())["stages"]
+    ran = {name for name, s in swept.items() if s["status"] == "done"}
+    assert {"unlearn@s_wga", "evaluate@s_wga", "relearn@s_wga", "report"} <= ran, swept
+    assert not ran & {"attribute", "evaluate@npo", "relearn@npo"}, swept  # npo's weights do not use τ
+    assert "up to date" in _dvc(["status", "dvc.yaml"], proj)
 
     # The WMDP-style run and the tuning are pipelines of their own on the same params, through their overlays.
     params["corpus"]["unlearn"]["train"] = {"epochs": 1, "micro_batch_size": 1}

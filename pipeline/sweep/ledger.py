@@ -1,0 +1,60 @@
+"""What DVC knows: which stages are up to date, and recording stages that ran in dvc.lock (as `dvc repro` does
+after each stage). The sweep's driver calls these one batch at a time, between the stages it runs.
+
+DVC parses a pipeline's whole dvc.lock for every stage it loads (seconds for the embedded sweep's 130 stages), so
+both calls take a batch: one parse for all the stages that became ready, or ended, at the same time."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from pipeline.common.errors import DataError
+
+
+class DvcLedger:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def _stages(self, repo, addresses: list[str]):
+        """(address, stage) for each address, grouped by dvc.yaml, with one parse per file. DVC reads a relative
+        path from the working directory, so the file is made absolute."""
+        files = defaultdict(list)
+        for address in addresses:
+            path, _, name = address.rpartition(":")
+            files[str(self.root / (path or "dvc.yaml"))].append((address, name))
+        for path, wanted in files.items():
+            stages = {s.name: s for s in repo.stage.collect(path)}
+            missing = sorted(name for _, name in wanted if name not in stages)
+            if missing:
+                raise DataError(f"{path}: no stage {missing}")
+            yield [(address, stages[name]) for address, name in wanted]
+
+    def stale(self, addresses: list[str]) -> set[str]:
+        """The addresses that `dvc repro` would run: a changed command, param or dependency, or missing outputs.
+        Asked once every chosen stage before them is recorded, so DVC sees their new outputs."""
+        from dvc.exceptions import DvcException
+        from dvc.repo import Repo
+
+        try:
+            with Repo(str(self.root)) as repo, repo.lock:
+                return {a for group in self._stages(repo, addresses) for a, stage in group if stage.changed()}
+        except DvcException as e:
+            raise DataError(f"{', '.join(addresses)}: DVC cannot tell whether they are up to date: {e}") from None
+
+    def record(self, addresses: list[str]) -> None:
+        """The stages' deps, params and outs into dvc.lock and their outputs into the cache, as `dvc commit --force`
+        does for each (its own steps: save, commit, then one write of the lock file per dvc.yaml)."""
+        from dvc.exceptions import DvcException
+        from dvc.repo import Repo
+
+        try:
+            with Repo(str(self.root)) as repo, repo.lock:
+                for group in self._stages(repo, addresses):
+                    stages = [stage for _, stage in group]
+                    for stage in stages:
+                        stage.save()
+                        stage.commit()
+                    stages[0].dvcfile.dump_stages(stages, update_pipeline=False)
+        except DvcException as e:  # an output the stage did not write, say
+            raise DataError(f"{', '.join(addresses)}: dvc commit failed: {e}") from None

@@ -1,0 +1,72 @@
+"""`tokenunlearn sweep`: a DVC pipeline's chosen stages on Ray (params: sweep), recorded in dvc.lock."""
+
+import json
+import logging
+from pathlib import Path
+
+import click
+
+from pipeline.common.errors import DataError, TokenUnlearnError
+from pipeline.common.params import check_keys, section
+from pipeline.sweep.ledger import DvcLedger
+from pipeline.sweep.plan import downstream_closure, plan_from_dvc, read_plan, resources_table, write_plan
+from pipeline.sweep.runner import run_sweep
+
+from .options import params_options
+
+log = logging.getLogger(__name__)
+
+
+@click.command("sweep")
+@click.argument("pipeline", required=False)
+@click.argument("patterns", nargs=-1)
+@params_options
+@click.option("--address", help="A Ray cluster's address (HOST:PORT, or `auto` on one of its nodes) [none: a local "
+                                "Ray on this machine].")
+@click.option("--workers", type=int, help="A local Ray's CPUs: with each stage's `cpus`, how many run at once "
+                                          "[all cores].")
+@click.option("--first", multiple=True, help="Start the stages matching this pattern first (long ones: 'tune@*').")
+@click.option("--force", is_flag=True, help="Run the chosen stages even where DVC has them up to date.")
+@click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("artifacts/logs/sweep"),
+              show_default=True, help="Each stage's log (STAGE.log) and the outcome (sweep.json).")
+@click.option("--write-plan", "plan_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Only write the stages to run (those not up to date, and what follows them) as JSON.")
+@click.option("--plan", "plan_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Run this plan file, without DVC (nothing recorded: see --record).")
+@click.option("--record", type=click.Path(dir_okay=False, path_type=Path),
+              help="Only record in dvc.lock the stages a --plan run finished (its sweep.json), where DVC is.")
+def command(pipeline, patterns, params, address, workers, first, force, log_dir, plan_out, plan_file, record):
+    """Run PIPELINE's stages matching PATTERNS ('unlearn@*' report) on Ray, each as soon as those it needs are
+    done, and record them in dvc.lock as `dvc repro` would."""
+    root = Path.cwd()
+    if record:
+        try:
+            stages = json.loads(record.read_text())["stages"]
+        except (OSError, ValueError, KeyError) as e:
+            raise DataError(f"{record}: not a sweep's sweep.json: {e}") from None
+        done = [s["stage"] for s in stages.values() if s["status"] == "done"]
+        DvcLedger(root).record(done)
+        log.info("recorded %d stages in dvc.lock", len(done))
+        return
+    if plan_file:
+        plan, ledger = read_plan(plan_file), None
+    elif pipeline and patterns:
+        table = resources_table(check_keys(section(params, "sweep"), ["resources"], "sweep").get("resources"))
+        plan, ledger = plan_from_dvc(pipeline, list(patterns), root, table), DvcLedger(root)
+    else:
+        raise click.UsageError("give a pipeline and stage patterns, or --plan FILE, or --record FILE")
+    if plan_out:
+        stale = ledger.stale([e["stage"] for e in plan])
+        stale = {e["name"] for e in plan if force or e["stage"] in stale}
+        todo = downstream_closure(plan, stale)
+        write_plan([e for e in plan if e["name"] in todo], plan_out)
+        log.info("%d of %d stages to run, written to %s", len(todo), len(plan), plan_out)
+        return
+    result = run_sweep(plan, root, log_dir, address=address, workers=workers, first=first, ledger=ledger,
+                       force=force)
+    counts = {s: len(result.named(s)) for s in ("done", "up to date", "failed", "blocked")}
+    log.info("sweep: %s in %.0f s (%s)", ", ".join(f"{n} {s}" for s, n in counts.items()), result.seconds,
+             log_dir / "sweep.json")
+    if counts["failed"] or counts["blocked"]:
+        raise TokenUnlearnError(f"stages failed: {', '.join(result.named('failed'))}; not run: "
+                                f"{', '.join(result.named('blocked')) or 'none'} (logs in {log_dir})")

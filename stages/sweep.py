@@ -56,9 +56,10 @@ def command(pipeline, patterns, params, address, workers, first, force, log_dir,
     else:
         raise click.UsageError("give a pipeline and stage patterns, or --plan FILE, or --record FILE")
     if plan_out:
-        stale = ledger.stale([e["stage"] for e in plan])
-        stale = {e["name"] for e in plan if force or e["stage"] in stale}
-        todo = downstream_closure(plan, stale)
+        if ledger is None:
+            raise click.UsageError("--write-plan asks DVC what to run: give a pipeline and patterns, not --plan")
+        stale = {e["stage"] for e in plan} if force else ledger.stale([e["stage"] for e in plan])
+        todo = downstream_closure(plan, {e["name"] for e in plan if e["stage"] in stale})
         write_plan([e for e in plan if e["name"] in todo], plan_out)
         log.info("%d of %d stages to run, written to %s", len(todo), len(plan), plan_out)
         return

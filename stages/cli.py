@@ -1,5 +1,4 @@
-"""`tokenunlearn`: one subcommand per DVC stage (and `sweep`, which runs them on Ray). Each is a thin wrapper:
-read params, call `pipeline`, write."""
+"""`tokenunlearn`: one subcommand per DVC stage (and `sweep`); each a thin wrapper: read params, call `pipeline`."""
 
 import errno
 import logging
@@ -10,9 +9,10 @@ import click
 
 from pipeline.common.distributed import shutdown_distributed
 from pipeline.common.errors import TokenUnlearnError
+from pipeline.common.reproducible import pin_threads
 
 from . import (attribute, check_models, compare_attribution, evaluate, finetune, inspect, reference, relearn, report,
-               sweep, tokenizer, tune, unlearn, world)
+               report_seeds, sweep, tokenizer, tune, unlearn, world)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -23,22 +23,22 @@ def cli(verbose: bool, local_rank: int | None) -> None:
     """TokenUnlearn: token-level attribution for precise LLM unlearning."""
     if local_rank is not None:
         os.environ["LOCAL_RANK"] = str(local_rank)
-    rank = int(os.environ.get("RANK", "0"))
-    level = logging.DEBUG if verbose else (logging.INFO if rank == 0 else logging.WARNING)
+    level = logging.DEBUG if verbose else (logging.INFO if int(os.environ.get("RANK", "0")) == 0 else logging.WARNING)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     for noisy in ("DeepSpeed", "torch.distributed", "datasets", "filelock", "urllib3", "httpx"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+    pin_threads()  # CPU reproducibility (pipeline/common/reproducible.py)
 
 
 for command in (world.command, tokenizer.command, finetune.command, check_models.command, attribute.command,
                 attribute.download_command, reference.command, inspect.command, unlearn.command, evaluate.command,
-                evaluate.export_command, report.command, tune.command, compare_attribution.command,
-                relearn.command, sweep.command):
+                evaluate.export_command, report.command, report_seeds.command, tune.command,
+                compare_attribution.command, relearn.command, sweep.command):
     cli.add_command(command)
 
-# Errors of the machine, not of the code: a full disk, a missing permission. One line each, as user errors.
-SYSTEM_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
-                 errno.EACCES: "permission denied", errno.EROFS: "read-only file system"}
+SYSTEM_ERRNOS = {  # errors of the machine, not of the code: one line each, as the user's errors
+    errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded", errno.EACCES: "permission denied",
+    errno.EROFS: "read-only file system"}
 
 
 def _end_progress_bars() -> None:

@@ -1,9 +1,12 @@
 """Options shared by the stage commands."""
 
 import functools
+import json
+from pathlib import Path
 
 import click
 
+from pipeline.common.errors import DataError
 from pipeline.common.params import load_params
 
 _PARAMS_OPTIONS = [
@@ -40,3 +43,14 @@ reference_option = click.option(
     help="The reference cache of the retain data (`tokenunlearn reference`), for a retain term that reads θ_o "
          "[none: the run caches θ_o's top-k itself, from the model before its first step].",
 )
+
+
+def chosen_lr(choice_file: Path, run: str) -> float:
+    """The learning rate a tuning (`tokenunlearn tune`: its choice.json) chose for `run`; a clear error if the file
+    or the run is not there."""
+    try:
+        return float(json.loads(Path(choice_file).read_text())["runs"][run]["chosen"]["lr"])
+    except OSError as e:
+        raise DataError(f"{choice_file}: no tuning choice to read ({e.strerror}); run `tokenunlearn tune`") from None
+    except (ValueError, KeyError, TypeError):
+        raise DataError(f"{choice_file}: no chosen lr for run '{run}' (runs.{run}.chosen.lr)") from None

@@ -22,24 +22,32 @@ log = logging.getLogger(__name__)
 
 
 @click.command("tune")
-@click.argument("group")
+@click.argument("group", required=False)
+@click.option("--run", "run_name", metavar="RUN",
+              help="Tune this run of unlearn.runs alone (a group of its own), instead of GROUP.")
 @params_options
 @shards_option
 @reference_option
 @click.option("--out", type=click.Path(file_okay=False),
-              help="Output directory [artifacts/tuning/GROUP]: choice.json, choice.md, tradeoff.png, "
+              help="Output directory [artifacts/tuning/GROUP, or RUN]: choice.json, choice.md, tradeoff.png, "
                    "trials/RUN/lr*.json.")
 @click.option("--target-results", default="artifacts/metrics/eval/target.json", show_default=True,
               type=click.Path(dir_okay=False), help="The target model's evaluation summary (its model utility).")
 @click.option("--retain-results", default="artifacts/eval/retain", show_default=True,
               type=click.Path(file_okay=False), help="The retain model's evaluation, for forget quality.")
-def command(group, params: dict, shards, reference, out, target_results, retain_results) -> None:
-    """Tune the learning rate of each run of tune.groups.GROUP; write the choice (then copy it into
-    unlearn.runs.RUN.train.lr)."""
+def command(group, run_name, params: dict, shards, reference, out, target_results, retain_results) -> None:
+    """Tune the learning rate of each run of tune.groups.GROUP (or of --run RUN alone) by tune.search (grid or
+    bisect); write the choice (copy it into unlearn.runs.RUN.train.lr, or give it to `unlearn --lr-from`)."""
     cfg = TuneConfig.from_params(section(params, "tune"))
-    if group not in cfg.groups:
+    if (group is None) == (run_name is None):
+        raise click.UsageError("give a GROUP of tune.groups or --run RUN, one of them")
+    if run_name is not None:
+        group, names = run_name, [run_name]
+    elif group not in cfg.groups:
         raise ParamError(f"tune.groups: no group named '{group}' (have {sorted(cfg.groups)})")
-    runs = {name: run_configs(params, name) for name in cfg.groups[group]}
+    else:
+        names = cfg.groups[group]
+    runs = {name: run_configs(params, name) for name in names}
     data = DataConfig.from_params(section(params, "data"))
     model_path = str(section(params, "unlearn.model"))
     try:

@@ -6,6 +6,7 @@ Several processes: `torchrun --nproc_per_node 8 -m stages unlearn t_npo` or `dee
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -17,7 +18,7 @@ from pipeline.data.config import DataConfig
 from pipeline.evaluation.monitor import monitor_from_params
 from pipeline.training.unlearn import run_configs, run_unlearn_seeds
 
-from .options import params_options, reference_option, shards_option
+from .options import chosen_lr, params_options, reference_option, shards_option
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +41,18 @@ log = logging.getLogger(__name__)
 @click.option("--monitor-plots", type=click.Path(file_okay=False),
               help="Evaluation during training (unlearn.monitor.every > 0), seed{S}.csv per seed "
                    "[artifacts/plots/monitor/NAME].")
+@click.option("--lr-from", type=click.Path(dir_okay=False),
+              help="Take the learning rate a tuning chose for NAME (its choice.json) instead of the params'.")
 @click.option("--local_rank", "--local-rank", type=int, default=None, hidden=True)
 def command(name, params: dict, shards, reference, out, checkpoints, plots, seeds, resume, monitor_plots,
-            local_rank) -> None:
+            lr_from, local_rank) -> None:
     """Unlearn with run NAME: its method and weighting over `unlearn.defaults`, its `train:` over `unlearn.train`,
     once per seed (params: unlearn, data; unlearn.monitor and three evaluate keys for the evaluation during
     training)."""
     cfg, train = run_configs(params, name)
+    if lr_from:
+        train = replace(train, lr=chosen_lr(Path(lr_from), name))
+        log.info("unlearn %s: lr %.3g from %s", name, train.lr, lr_from)
     data = DataConfig.from_params(section(params, "data"))
     monitor = monitor_from_params(params)
     out_dir = Path(out or f"artifacts/unlearn/{name}")

@@ -463,3 +463,16 @@ def test_an_output_that_is_a_symlink_is_refused(micro_world_dir, micro_model_dir
     assert status == 2 and "link: is a symbolic link (to " in one_error_line(err)
     assert (tmp_path / "link").is_symlink() and not list((tmp_path / "elsewhere").iterdir())
 
+
+
+def test_unlearn_and_tune_name_a_missing_tuning_choice_or_a_missing_group(tmp_path, capsys):
+    status, err = run_cli(["unlearn", "ga", "--lr-from", str(tmp_path / "choice.json"), "--out", str(tmp_path / "u")],
+                          capsys)
+    assert status == 2 and "choice.json: no tuning choice to read" in one_error_line(err)
+    assert not (tmp_path / "u").exists()
+    (tmp_path / "choice.json").write_text(json.dumps({"runs": {"t_ga": {"chosen": {"lr": 1e-4}}}}))
+    status, err = run_cli(["unlearn", "ga", "--lr-from", str(tmp_path / "choice.json"), "--out", str(tmp_path / "u")],
+                          capsys)
+    assert status == 2 and "no chosen lr for run 'ga'" in one_error_line(err)
+    status, err = run_cli(["tune", "ga", "--run", "ga"], capsys)
+    assert status == 2 and "one of them" in err

@@ -70,7 +70,7 @@ def test_stages_are_thin():
 COMMAND_MODULES = {"make-world": "world", "train-tokenizer": "tokenizer", "finetune": "finetune", "relearn": "relearn",
                    "check-models": "check_models", "attribute": "attribute", "reference": "reference",
                    "unlearn": "unlearn",
-                   "evaluate": "evaluate", "report": "report", "tune": "tune",
+                   "evaluate": "evaluate", "report": "report", "report-seeds": "report_seeds", "tune": "tune",
                    "compare-attribution": "compare_attribution", "sweep": "sweep"}
 
 

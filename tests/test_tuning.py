@@ -1,11 +1,16 @@
-"""Learning-rate tuning: the selection rule on hand-made trials, and a rerun that finds every trial done."""
+"""Learning-rate tuning: the selection rule on hand-made trials, the bisection onto the utility floor on a
+hand-computed utility curve, and a rerun that finds every trial done."""
+
+import math
 
 import json
 
 import pytest
 
-from pipeline.common.errors import ParamError
-from pipeline.training.tuning import TuneConfig, choice_table, choose, forget_es_at_utility, plot_tradeoff, tune_group
+from pipeline.common.errors import DataError, ParamError
+from pipeline.training.tuning import (BisectConfig, TuneConfig, bisect_lr, choice_table, choose,
+                                      forget_es_at_utility, plot_tradeoff, tune_group)
+from stages.options import chosen_lr
 
 TRIALS = [  # lr, forget ES, MU
     {"lr": 1e-4, "forget_es": 0.80, "model_utility": 0.88},
@@ -66,3 +71,75 @@ def test_a_rerun_reuses_finished_trials_and_writes_the_choice(tmp_path):
     assert "| ga | 0.800 / 0.880 | 0.400 / 0.860 | **0.400 / 0.870** | 0.050 / 0.500 | 4.0e-04 | 0.386 |" in table
     plot_tradeoff(result, tmp_path / "tradeoff.png")
     assert (tmp_path / "tradeoff.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def curve(calls: list):
+    """MU = 0.9 − 0.1·log2(lr / 1e-4): utility falls 0.1 per doubling; forget ES falls with it."""
+    def trial_at(lr):
+        calls.append(lr)
+        mu = 0.9 - 0.1 * math.log2(lr / 1e-4)
+        return {"lr": lr, "model_utility": mu, "forget_es": 0.5 * mu}
+    return trial_at
+
+
+def test_bisection_brackets_then_lands_on_the_floor_by_false_position():
+    calls = []
+    found = bisect_lr(curve(calls), 1e-4, 0.855, BisectConfig(max_trials=7, tolerance=0.005, factor=2.0))
+    # 1e-4 keeps the floor (0.9), 2e-4 breaks it (0.8); false position in log lr: 2^(0.045/0.1) = 1.366 -> 1.37e-4,
+    # MU 0.9 − 0.1·log2(1.37) = 0.85458 < 0.855 breaks it; the next point, 99% of the way, is kept off the end at
+    # 90%: 1e-4 · 1.37^0.9 = 1.328e-4 -> 1.33e-4, MU 0.85886, within 0.005 of the floor: done in four trials
+    assert calls == [1e-4, 2e-4, 1.37e-4, 1.33e-4]
+    assert found["chosen"]["lr"] == 1.33e-4 and found["chosen"]["meets_floor"] and found["converged"]
+    assert found["chosen"]["model_utility"] == pytest.approx(0.858857, abs=1e-6)
+    assert [t["lr"] for t in found["trials"]] == sorted(calls)
+
+
+def test_bisection_steps_down_when_the_start_breaks_the_floor_and_keeps_to_its_budget():
+    calls = []
+    found = bisect_lr(curve(calls), 8e-4, 0.855, BisectConfig(max_trials=3, tolerance=1e-9, factor=2.0))
+    # 8e-4 (0.6), 4e-4 (0.7), 2e-4 (0.8): never kept within three trials; the highest utility is chosen
+    assert calls == [8e-4, 4e-4, 2e-4]
+    assert found["chosen"]["lr"] == 2e-4 and not found["chosen"]["meets_floor"] and not found["converged"]
+
+
+def test_bisection_that_never_breaks_the_floor_keeps_the_highest_rate_tried():
+    found = bisect_lr(lambda lr: {"lr": lr, "model_utility": 0.9, "forget_es": 0.3}, 1e-4, 0.855,
+                      BisectConfig(max_trials=3))
+    assert [t["lr"] for t in found["trials"]] == [1e-4, 2e-4, 4e-4]
+    assert found["chosen"]["lr"] == 4e-4 and found["chosen"]["meets_floor"] and not found["converged"]
+
+
+def test_bisect_config_errors_name_the_key():
+    with pytest.raises(ParamError, match="tune.bisect.max_trials"):
+        TuneConfig.from_params({"search": "bisect", "bisect": {"max_trials": 1}})
+    with pytest.raises(ParamError, match="tune.bisect.factor"):
+        BisectConfig.from_params({"factor": 1.0})
+    with pytest.raises(ParamError, match="tune.search"):
+        TuneConfig.from_params({"search": "random"})
+
+
+def test_a_bisecting_tuning_resumes_from_its_trials_and_unlearn_reads_its_choice(tmp_path):
+    cfg = TuneConfig(utility_floor=0.95, search="bisect", bisect={"max_trials": 7, "tolerance": 0.005})
+    calls = []
+    trial_at = curve(calls)
+    for lr in (1e-4, 2e-4, 1.37e-4, 1.33e-4):
+        path = tmp_path / "trials" / "t_ga" / f"lr{lr:.2e}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(trial_at(lr)))
+
+    def never(*args):
+        raise AssertionError("a finished trial was run again")
+
+    class Train:
+        lr = 1e-4
+
+    result = tune_group("t_ga", {"t_ga": (None, Train())}, cfg, never, never, 0.9, tmp_path)
+    entry = result["runs"]["t_ga"]
+    assert entry["chosen"]["lr"] == 1.33e-4 and entry["converged"] and entry["start_lr"] == 1e-4
+    assert result["bisect"]["max_trials"] == 7 and result["lrs"] is None
+    assert "**1.33e-04: 0.429 / 0.859**" in choice_table(result)
+    assert chosen_lr(tmp_path / "choice.json", "t_ga") == 1.33e-4
+    with pytest.raises(DataError, match="no chosen lr for run 'ga'"):
+        chosen_lr(tmp_path / "choice.json", "ga")
+    with pytest.raises(DataError, match="missing.json"):
+        chosen_lr(tmp_path / "missing.json", "ga")

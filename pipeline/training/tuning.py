@@ -6,12 +6,19 @@ then gets its own learning rate by one rule, stated before the search: among the
 utility at least `utility_floor` × the target's, the one with the lowest forget extraction strength (ties: higher
 utility); if none keeps it, the one with the highest utility. So the variants are compared at an equal utility
 budget, each at its best.
+
+A grid's chosen points land anywhere between the floor and the next rate, so two variants compared at them may
+differ in utility by more than their difference in forgetting. `search: bisect` instead finds, for each run, the
+learning rate where model utility falls to the floor: from the run's own rate it steps by `factor` until the
+floor is crossed, then narrows the bracket by false position in log lr, until utility is within `tolerance` of the
+floor or `max_trials` trials are spent; the same budget for every run.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,6 +38,8 @@ class TuneConfig:
     seed: int = 100                   # the tuning seed: not one of unlearn.seeds, so no reported run was selected on
     utility_floor: float = 0.95       # keep model utility ≥ utility_floor × the target's
     groups: dict = field(default_factory=dict)  # base method -> the runs tuned with it, e.g. ga: [ga, t_ga, s_ga]
+    search: str = "grid"              # grid: every lr of `lrs` | bisect: the lr at the utility floor
+    bisect: dict = field(default_factory=dict)  # BisectConfig's keys
 
     @classmethod
     def from_params(cls, values: dict, where: str = "tune") -> "TuneConfig":
@@ -41,7 +50,78 @@ class TuneConfig:
         for group, runs in cfg.groups.items():
             if not isinstance(runs, list) or not runs:
                 raise ParamError(f"{where}.groups.{group}: a non-empty list of run names")
+        if cfg.search not in ("grid", "bisect"):
+            raise ParamError(f"{where}.search: grid or bisect, not {cfg.search!r}")
+        BisectConfig.from_params(cfg.bisect or {}, f"{where}.bisect")
         return cfg
+
+    @property
+    def bisect_config(self) -> "BisectConfig":
+        return BisectConfig.from_params(self.bisect or {}, "tune.bisect")
+
+
+@dataclass(frozen=True)
+class BisectConfig:
+    max_trials: int = 7       # unlearn + evaluate trials per run, the same for every run
+    tolerance: float = 0.005  # done once model utility is within this above the floor
+    factor: float = 2.0       # the bracketing steps: lr × factor up, or / factor down
+
+    @classmethod
+    def from_params(cls, values: dict, where: str = "tune.bisect") -> "BisectConfig":
+        cfg = dataclass_from_params(cls, values, where)
+        positive = Rule(lambda v: isinstance(v, (int, float)) and v > 0, "a positive number")
+        check_rules(cfg, {"max_trials": Rule(lambda v: isinstance(v, int) and v >= 2, "an integer of at least 2"),
+                          "tolerance": positive, "factor": Rule(lambda v: isinstance(v, (int, float)) and v > 1,
+                                                                "a number above 1")}, where)
+        return cfg
+
+
+def round_lr(lr: float) -> float:
+    """Three significant digits: the rates a bisection tries are written as such, and their trials named by them."""
+    return float(f"{lr:.2e}")
+
+
+def bisect_lr(trial_at: Callable[[float], dict], start_lr: float, utility_min: float, cfg: BisectConfig) -> dict:
+    """The learning rate where model utility falls to `utility_min`, assuming it falls as the rate grows.
+    `trial_at(lr)` unlearns and evaluates at `lr` and returns the trial (lr, forget_es, model_utility).
+
+    From `start_lr`, step by `cfg.factor` (up while utility holds, down while it does not) until one trial keeps
+    the floor and a higher rate breaks it; then try the false-position point in log lr between them (kept off the
+    bracket's ends, so that a curved utility cannot stall it at one end), until the kept end is within
+    `cfg.tolerance` of the floor or `cfg.max_trials` are spent. Returns {trials, chosen}: the chosen trial is the
+    bracket's kept end (the highest rate keeping the floor: the most forgetting at that utility), or, when no rate
+    keeps it, the highest utility (meets_floor false); `converged` says whether it is within the tolerance."""
+    trials: list[dict] = []
+    kept = broken = None  # the bracket: the highest lr keeping the floor, the lowest lr breaking it above it
+
+    def run(lr: float) -> None:
+        nonlocal kept, broken
+        trial = trial_at(round_lr(lr))
+        trials.append(trial)
+        if trial["model_utility"] >= utility_min:
+            if kept is None or trial["lr"] > kept["lr"]:
+                kept = trial
+        elif broken is None or trial["lr"] < broken["lr"]:
+            broken = trial
+
+    run(start_lr)
+    while (kept is None or broken is None) and len(trials) < cfg.max_trials:
+        run(kept["lr"] * cfg.factor if kept is not None else broken["lr"] / cfg.factor)
+    while (kept is not None and broken is not None and len(trials) < cfg.max_trials
+           and kept["model_utility"] - utility_min > cfg.tolerance):
+        lo, hi = math.log(kept["lr"]), math.log(broken["lr"])
+        f_lo, f_hi = kept["model_utility"] - utility_min, broken["model_utility"] - utility_min
+        x = lo + f_lo * (hi - lo) / (f_lo - f_hi)
+        x = min(max(x, lo + 0.1 * (hi - lo)), hi - 0.1 * (hi - lo))
+        if round_lr(math.exp(x)) in (kept["lr"], broken["lr"]):
+            break  # the bracket is narrower than the rates' three digits
+        run(math.exp(x))
+    if kept is not None:
+        chosen = {**kept, "meets_floor": True}
+    else:
+        chosen = {**max(trials, key=lambda t: (t["model_utility"], -t["lr"])), "meets_floor": False}
+    converged = kept is not None and kept["model_utility"] - utility_min <= cfg.tolerance
+    return {"trials": sorted(trials, key=lambda t: t["lr"]), "chosen": chosen, "converged": converged}
 
 
 def choose(trials: list[dict], utility_min: float) -> dict:
@@ -76,22 +156,26 @@ def _lr_name(lr: float) -> str:
 
 def tune_group(group: str, runs: dict, cfg: TuneConfig, unlearn_one: Callable, evaluate_one: Callable,
                target_utility: float, out_dir: Path) -> dict:
-    """Tune every run of `group`. `runs`: name -> (UnlearnConfig, TrainConfig). `unlearn_one(name, ucfg, train,
-    work_dir)` unlearns into `work_dir/model`; `evaluate_one(model_dir, eval_dir)` evaluates it and returns its
-    summary (forget_es and model_utility at least), so this module needs neither the trainer nor the evaluation.
-    A trial's evaluation is kept in `out_dir/trials/NAME/LR.json` and found there on a rerun, so a killed tuning
-    resumes where it stopped; models are deleted once evaluated. Writes `out_dir/choice.json` and returns it."""
+    """Tune every run of `group`. `runs`: name -> (UnlearnConfig, TrainConfig), the TrainConfig's lr the start of
+    a bisection. `unlearn_one(name, ucfg, train, work_dir)` unlearns into `work_dir/model`;
+    `evaluate_one(model_dir, eval_dir)` evaluates it and returns its summary (forget_es and model_utility at least),
+    so this module needs neither the trainer nor the evaluation. A trial's evaluation is kept in
+    `out_dir/trials/NAME/LR.json` and found there on a rerun, so a killed tuning resumes where it stopped; models
+    are deleted once evaluated. Writes `out_dir/choice.json` and returns it."""
     utility_min = cfg.utility_floor * target_utility
     trial_root = out_dir / "trials"
-    result: dict = {"group": group, "lrs": cfg.lrs, "seed": cfg.seed, "utility_floor": cfg.utility_floor,
-                    "target_model_utility": target_utility, "utility_min": round(utility_min, 6), "runs": {}}
+    result: dict = {"group": group, "search": cfg.search, "lrs": cfg.lrs, "seed": cfg.seed,
+                    "utility_floor": cfg.utility_floor, "target_model_utility": target_utility,
+                    "utility_min": round(utility_min, 6), "runs": {}}
+    if cfg.search == "bisect":
+        bisect = cfg.bisect_config
+        result |= {"lrs": None, "bisect": {"max_trials": bisect.max_trials, "tolerance": bisect.tolerance,
+                                           "factor": bisect.factor}}
     for name, (ucfg, train) in runs.items():
-        trials = []
-        for lr in cfg.lrs:
+        def trial_at(lr: float, name=name, ucfg=ucfg, train=train) -> dict:
             file = trial_root / name / f"{_lr_name(lr)}.json"
             if file.is_file():
-                trials.append(json.loads(file.read_text()))
-                continue
+                return json.loads(file.read_text())
             work = out_dir / "work" / name / _lr_name(lr)
             shutil.rmtree(work, ignore_errors=True)
             unlearn_one(name, ucfg, replace(train, lr=float(lr), seed=cfg.seed), work)
@@ -105,11 +189,18 @@ def tune_group(group: str, runs: dict, cfg: TuneConfig, unlearn_one: Callable, e
                                          if k in summary}}
             write_json(file, trial)
             shutil.rmtree(work)
-            trials.append(trial)
             log.info("tune %s lr %.2e: %s", name, lr, trial)
-        chosen = choose(trials, utility_min)
+            return trial
+
+        if cfg.search == "bisect":
+            found = bisect_lr(trial_at, train.lr, utility_min, bisect)
+            trials, chosen = found["trials"], found["chosen"]
+            extra = {"start_lr": train.lr, "converged": found["converged"]}
+        else:
+            trials = [trial_at(float(lr)) for lr in cfg.lrs]
+            chosen, extra = choose(trials, utility_min), {}
         at_floor = forget_es_at_utility(trials, utility_min)
-        result["runs"][name] = {"chosen": chosen, "trials": trials,
+        result["runs"][name] = {"chosen": chosen, "trials": trials, **extra,
                                 "forget_es_at_floor": None if at_floor is None else round(at_floor, 6)}
         log.info("tune %s: lr %.2e (forget ES %.3f, MU %.3f%s)", name, chosen["lr"], chosen["forget_es"],
                  chosen["model_utility"], "" if chosen["meets_floor"] else ", below the utility floor")
@@ -139,6 +230,8 @@ def plot_tradeoff(result: dict, path: Path) -> None:
 
 def choice_table(result: dict) -> str:
     """Markdown: forget ES / MU of every run at every lr, the chosen one in bold."""
+    if result.get("search") == "bisect":
+        return bisect_table(result)
     lrs = result["lrs"]
     lines = [f"Group {result['group']}: utility floor {result['utility_floor']} × target MU "
              f"{result['target_model_utility']:.3f} = {result['utility_min']:.3f}; cells: forget ES / MU",
@@ -156,4 +249,25 @@ def choice_table(result: dict) -> str:
         at_floor = entry.get("forget_es_at_floor")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {chosen['lr']:.1e}{note} | "
                      + ("–" if at_floor is None else f"{at_floor:.3f}") + " |")
+    return "\n".join(lines) + "\n"
+
+
+def bisect_table(result: dict) -> str:
+    """Markdown: each run's trials in lr order (lr: forget ES / MU), the chosen one in bold."""
+    b = result["bisect"]
+    lines = [f"{result['group']}: lr bisected onto the utility floor {result['utility_floor']} × target MU "
+             f"{result['target_model_utility']:.3f} = {result['utility_min']:.3f} (at most {b['max_trials']} trials, "
+             f"tolerance {b['tolerance']}); cells: lr: forget ES / MU", "",
+             "| run | trials | chosen lr | MU | forget ES | forget ES at the floor |", "|---|---|---|---|---|---|"]
+    for name, entry in result["runs"].items():
+        chosen = entry["chosen"]
+        cells = []
+        for t in entry["trials"]:
+            cell = f"{t['lr']:.2e}: {t['forget_es']:.3f} / {t['model_utility']:.3f}"
+            cells.append(f"**{cell}**" if t["lr"] == chosen["lr"] else cell)
+        note = "" if chosen["meets_floor"] else " (below floor)"
+        note += "" if entry.get("converged", True) else " (not within tolerance)"
+        at_floor = entry.get("forget_es_at_floor")
+        lines.append(f"| {name} | " + "; ".join(cells) + f" | {chosen['lr']:.2e}{note} | {chosen['model_utility']:.3f}"
+                     f" | {chosen['forget_es']:.3f} | " + ("–" if at_floor is None else f"{at_floor:.3f}") + " |")
     return "\n".join(lines) + "\n"

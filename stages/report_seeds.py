@@ -1,0 +1,68 @@
+"""Stage `report-seeds`: the main table over model seeds × unlearning seeds, and each token-level variant against
+its method with a paired bootstrap interval (params: seeds, unlearn.seeds, unlearn.runs, tune)."""
+
+import json
+import logging
+from pathlib import Path
+
+import click
+
+from pipeline.common.atomic import atomic_file, hold_outputs, write_json
+from pipeline.common.errors import ParamError
+from pipeline.common.params import check_keys, section
+from pipeline.evaluation.report import paper_name
+from pipeline.evaluation.significance import (comparison_table, comparisons, load_cells, lr_table, main_table,
+                                              variant_pairs)
+
+from .options import params_options
+
+log = logging.getLogger(__name__)
+
+
+@click.command("report-seeds")
+@params_options
+@click.option("--root", default="artifacts/seeds", show_default=True, type=click.Path(file_okay=False),
+              help="The model seeds' directories, m{SEED}/ (experiments/seeds/dvc.yaml).")
+@click.option("--out", default="artifacts/seeds/report", show_default=True, type=click.Path(file_okay=False),
+              help="results.md, results.csv, comparisons.csv and comparisons.json.")
+def command(params: dict, root, out) -> None:
+    """The table of seeds.runs over seeds.models × unlearn.seeds, and the variant − method comparisons."""
+    seeds = section(params, "seeds")
+    check_keys(seeds, ("models", "runs", "bootstrap"), "seeds")
+    runs_params, defaults = section(params, "unlearn.runs"), section(params, "unlearn.defaults")
+    unknown = [n for n in seeds["runs"] if n not in runs_params]
+    if unknown:
+        raise ParamError(f"seeds.runs: {unknown} are not runs of unlearn.runs")
+    boot = {"samples": 10000, "confidence": 0.95, "seed": 0, **(seeds.get("bootstrap") or {})}
+    specs = {n: {**defaults, **runs_params[n]} for n in seeds["runs"]}
+    labels = {"target": "before unlearning", "retain": "retain model",
+              **{n: paper_name(s["method"], s["weighting"]) for n, s in specs.items()}}
+    model_seeds, unlearn_seeds = list(seeds["models"]), list(section(params, "unlearn.seeds"))
+    cells = load_cells(Path(root), model_seeds, seeds["runs"], unlearn_seeds)
+    results, level = comparisons(cells, variant_pairs(specs, seeds["runs"]), boot["confidence"], boot["samples"],
+                                 boot["seed"])
+    table_md, table_csv = main_table(cells, labels)
+    comp_md, comp_csv = comparison_table(results, labels, level)
+    lrs_md = lr_table(Path(root), model_seeds, seeds["runs"], labels)
+    counts = {v: sum(r["verdict"] == v for r in results) for v in ("better", "worse", "undecided")}
+    out_dir = Path(out)
+    with hold_outputs(out_dir):
+        text = (f"# The main table over {len(model_seeds)} model seeds × {len(unlearn_seeds)} unlearning seeds\n\n"
+                "Each cell: mean over every (model seed, unlearning seed) ± standard deviation between model seeds "
+                "(of their means) / within them (over unlearning seeds).\n\n" + table_md
+                + f"\n## Token level against sequence level: {len(results)} comparisons\n\n"
+                f"Paired on (model seed, unlearning seed); two-level bootstrap ({boot['samples']} draws: model seeds, "
+                f"then unlearning seeds within each); family-wise confidence {boot['confidence']} by Bonferroni over "
+                f"the {len(results)} comparisons. Verdicts: {counts['better']} better, {counts['worse']} worse, "
+                f"{counts['undecided']} undecided.\n\n" + comp_md
+                + "\n## Learning rates: bisected onto the utility floor per model seed\n\n" + lrs_md)
+        with atomic_file(out_dir / "results.md") as f:
+            f.write(text)
+        with atomic_file(out_dir / "results.csv") as f:
+            f.write(table_csv)
+        with atomic_file(out_dir / "comparisons.csv") as f:
+            f.write(comp_csv)
+        write_json(out_dir / "comparisons.json", {"level": level, "comparisons": len(results), "verdicts": counts,
+                                                  "model_seeds": model_seeds, "unlearn_seeds": unlearn_seeds,
+                                                  "results": results})
+    log.info("report-seeds: %d comparisons (%s) in %s/results.md", len(results), json.dumps(counts), out)

@@ -9,7 +9,7 @@ export HF_HOME ?= $(CURDIR)/.cache/huggingface
 export DS_ACCELERATOR ?= cpu
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test tune corpus tofu heldout clean-artifacts
+.PHONY: setup demo test tune corpus tofu heldout seeds ladder clean-artifacts
 
 setup: $(STAMP)
 
@@ -38,6 +38,15 @@ corpus: setup
 # The real TOFU files (../shared/data/tofu) at embedded size: models trained from scratch, then the 15 runs.
 tofu: setup
 	$(VENV)/bin/dvc repro experiments/tofu/dvc.yaml
+
+# The main table over model seeds (after `make demo`, whose world and tokenizer it uses): 3 model seeds x 3
+# unlearning seeds, each run's lr bisected onto the utility floor per model seed; two stages at a time on Ray.
+seeds: setup
+	$(VENV)/bin/tokenunlearn sweep experiments/seeds/dvc.yaml '*' --workers 2 --first 'tune@*'
+
+# The scale ladder on real TOFU (3.67M, 29.4M, 158M parameters; after `make tofu`'s tokenizer): for a GPU machine.
+ladder: setup
+	$(VENV)/bin/tokenunlearn sweep experiments/ladder/dvc.yaml '*' --first 'pretrain@*'
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests

@@ -30,6 +30,7 @@ CASES = {
     "reference": {},
     "rerun": {},
     "threads2": {"OMP_NUM_THREADS": "2"},
+    "threads8": {"OMP_NUM_THREADS": "8"},  # more threads than cores: the reductions split as on an 8-core machine
     "kernels_default": {"ATEN_CPU_CAPABILITY": "default"},
     "kernels_avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
     "mkl_compatible": {"MKL_CBWR": "COMPATIBLE"},

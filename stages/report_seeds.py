@@ -23,17 +23,23 @@ log = logging.getLogger(__name__)
 @params_options
 @click.option("--root", default="artifacts/seeds", show_default=True, type=click.Path(file_okay=False),
               help="The model seeds' directories, m{SEED}/ (experiments/seeds/dvc.yaml).")
+@click.option("--experiment", default="seeds", show_default=True,
+              help="The params section naming the model seeds and runs (its `models` and `runs`): seeds or ladder.")
 @click.option("--out", default="artifacts/seeds/report", show_default=True, type=click.Path(file_okay=False),
               help="results.md, results.csv, comparisons.csv and comparisons.json.")
-def command(params: dict, root, out) -> None:
-    """The table of seeds.runs over seeds.models × unlearn.seeds, and the variant − method comparisons."""
-    seeds = section(params, "seeds")
-    check_keys(seeds, ("models", "runs", "bootstrap"), "seeds")
+def command(params: dict, root, experiment, out) -> None:
+    """The table of the runs over the model seeds × unlearn.seeds (params: seeds, or --experiment's section), and
+    the variant − method comparisons."""
+    keys = {"seeds": ("models", "runs", "bootstrap"), "ladder": ("rungs", "models", "runs")}
+    if experiment not in keys:
+        raise click.BadParameter("seeds or ladder", param_hint="--experiment")
+    seeds = section(params, experiment)
+    check_keys(seeds, keys[experiment], experiment)
     runs_params, defaults = section(params, "unlearn.runs"), section(params, "unlearn.defaults")
     unknown = [n for n in seeds["runs"] if n not in runs_params]
     if unknown:
-        raise ParamError(f"seeds.runs: {unknown} are not runs of unlearn.runs")
-    boot = {"samples": 10000, "confidence": 0.95, "seed": 0, **(seeds.get("bootstrap") or {})}
+        raise ParamError(f"{experiment}.runs: {unknown} are not runs of unlearn.runs")
+    boot = {"samples": 10000, "confidence": 0.95, "seed": 0, **(section(params, "seeds").get("bootstrap") or {})}
     specs = {n: {**defaults, **runs_params[n]} for n in seeds["runs"]}
     labels = {"target": "before unlearning", "retain": "retain model",
               **{n: paper_name(s["method"], s["weighting"]) for n, s in specs.items()}}

@@ -23,7 +23,7 @@ T = TypeVar("T")
 # The sections a params file may have. Any other top-level mapping must be an overlay: a mapping of changes
 # to these sections (e.g. `corpus:` or `tofu:` in the root params.yaml).
 SECTIONS = ("world", "tokenizer", "data", "model", "finetune", "check", "attribution", "reference", "unlearn",
-            "evaluate", "relearn", "report", "tune", "sweep", "seeds")
+            "evaluate", "relearn", "report", "tune", "sweep", "seeds", "ladder")
 
 
 class _Loader(yaml.SafeLoader):

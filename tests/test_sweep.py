@@ -156,3 +156,24 @@ def test_a_broken_dvc_yaml_is_a_one_line_error(tmp_path):
     proc, _ = _sweep(["dvc.yaml", "*"], tmp_path, env)
     assert proc.returncode == 2 and "tokenunlearn: error: dvc.yaml: unable to read" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_ledger_waits_for_another_dvc_process_holding_the_lock(tmp_path, monkeypatch):
+    """A `dvc status` or `dvc commit` run beside a sweep holds the repository's lock; the sweep's record of a stage
+    that ran well then waits for it instead of failing the stage (it did, once, while a `dvc commit` ran)."""
+    import threading
+
+    from dvc.repo import Repo
+
+    from pipeline.sweep.ledger import DvcLedger
+
+    env = _dvc_project(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    subprocess.run(["sh", "-c", "mkdir -p parts && echo a > parts/a.txt"], cwd=tmp_path, check=True)
+    other = Repo(str(tmp_path))
+    other.lock.lock()  # another DVC process at work
+    threading.Timer(4.0, other.lock.unlock).start()
+    DvcLedger(tmp_path).record(["dvc.yaml:make@a"])
+    other.close()
+    assert "make@a" not in _status(tmp_path, env).split("combine")[0]
+    assert "make@a" in (tmp_path / "dvc.lock").read_text()

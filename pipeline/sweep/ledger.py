@@ -6,10 +6,44 @@ both calls take a batch: one parse for all the stages that became ready, or ende
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import time
 from collections import defaultdict
 from pathlib import Path
 
 from pipeline.common.errors import DataError
+
+log = logging.getLogger(__name__)
+
+LOCK_WAIT_S = 600  # another DVC command on the same repository (a `dvc status`, a `dvc commit`) holds its lock
+
+
+@contextlib.contextmanager
+def locked_repo(root: Path, wait_s: float = LOCK_WAIT_S):
+    """The DVC repository with its lock held, waiting for another DVC process to let go of it (DVC itself gives up
+    after a few seconds, which would fail a stage that ran well) for up to `wait_s` seconds."""
+    from dvc.lock import LockError
+    from dvc.repo import Repo
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        repo = Repo(str(root))
+        try:
+            repo.lock.lock()
+        except LockError:
+            repo.close()
+            if time.monotonic() > deadline:
+                raise
+            log.info("%s: another DVC process holds the lock; waiting", root)
+            time.sleep(2)
+            continue
+        try:
+            yield repo
+        finally:
+            repo.lock.unlock()
+            repo.close()
+        return
 
 
 class DvcLedger:
@@ -34,10 +68,9 @@ class DvcLedger:
         """The addresses that `dvc repro` would run: a changed command, param or dependency, or missing outputs.
         Asked once every chosen stage before them is recorded, so DVC sees their new outputs."""
         from dvc.exceptions import DvcException
-        from dvc.repo import Repo
 
         try:
-            with Repo(str(self.root)) as repo, repo.lock:
+            with locked_repo(self.root) as repo:
                 return {a for group in self._stages(repo, addresses) for a, stage in group if stage.changed()}
         except DvcException as e:
             raise DataError(f"{', '.join(addresses)}: DVC cannot tell whether they are up to date: {e}") from None
@@ -46,10 +79,9 @@ class DvcLedger:
         """The stages' deps, params and outs into dvc.lock and their outputs into the cache, as `dvc commit --force`
         does for each (its own steps: save, commit, then one write of the lock file per dvc.yaml)."""
         from dvc.exceptions import DvcException
-        from dvc.repo import Repo
 
         try:
-            with Repo(str(self.root)) as repo, repo.lock:
+            with locked_repo(self.root) as repo:
                 for group in self._stages(repo, addresses):
                     stages = [stage for _, stage in group]
                     for stage in stages:

@@ -133,7 +133,8 @@ def run_sweep(plan: list[dict], root: Path, log_dir: Path, *, address: str | Non
         def settle(entry, status, **info):
             result.stages[entry["name"]] = {"stage": entry["stage"], "status": status, **info}
             (log.error if status in ("failed", "blocked") else log.info)(
-                "%s: %s%s", entry["name"], status, f" in {info['seconds']:.0f} s" if "seconds" in info else "")
+                "%s: %s%s%s", entry["name"], status, f" in {info['seconds']:.0f} s" if "seconds" in info else "",
+                f": {info['error']}" if status == "failed" and "error" in info else "")
 
         try:
             while pending or running:

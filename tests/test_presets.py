@@ -81,3 +81,31 @@ def test_params_and_its_overlays_build_every_stage_config(overlay):
     if overlay == "tofu":
         assert job_from_params(params, "target").init == "artifacts/tofu/models/base"
         assert eval_config(params).multiple_choice == {}
+
+
+@pytest.mark.parametrize("rung,millions", [("ladder_3m", 3.67), ("ladder_30m", 29.4), ("ladder_150m", 158.4)])
+def test_the_seeds_and_ladder_overlays_build_their_stage_configs(rung, millions):
+    """experiments/seeds (overlay seeds_overlay) and experiments/ladder (tofu, the rung, seeds_overlay): every run
+    configured, the tuning a bisection, no paraphrase probe (an overlay's {} merges: membership inference and the
+    quantization probes stay), and each rung the size the README gives."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pipeline.evaluation.evaluate import eval_config
+    from pipeline.training.tuning import TuneConfig
+    from pipeline.training.unlearn import run_configs
+
+    for overlays in (["seeds_overlay"], ["tofu", rung, "seeds_overlay"]):
+        params = load_params(REPO / "params.yaml", overlays)
+        tune = TuneConfig.from_params(section(params, "tune"))
+        assert tune.search == "bisect" and tune.bisect_config.max_trials >= 2
+        cfg = eval_config(params)
+        assert not cfg.paraphrase and cfg.mia and cfg.quantize
+        experiment = section(params, "seeds" if len(overlays) == 1 else "ladder")
+        for name in experiment["runs"]:
+            run_configs(params, name)
+    config = LlamaConfig(**section(params, "model.config"), vocab_size=4096)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    assert sum(p.numel() for p in model.parameters()) / 1e6 == pytest.approx(millions, rel=0.01)
+    assert section(params, "unlearn.defaults")["rmu_layer"] < config.num_hidden_layers

@@ -87,7 +87,8 @@ def test_params_and_its_overlays_build_every_stage_config(overlay):
 def test_the_seeds_and_ladder_overlays_build_their_stage_configs(rung, millions):
     """experiments/seeds (overlay seeds_overlay) and experiments/ladder (tofu, the rung, seeds_overlay): every run
     configured, the tuning a bisection, no paraphrase probe (an overlay's {} merges: membership inference and the
-    quantization probes stay), and each rung the size the README gives."""
+    quantization probes stay, and the runs' evaluate stages turn them off with -S), and each rung the size the
+    README gives."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -53,15 +53,15 @@ def command(params: dict, root, experiment, out) -> None:
     counts = {v: sum(r["verdict"] == v for r in results) for v in ("better", "worse", "undecided")}
     out_dir = Path(out)
     with hold_outputs(out_dir):
-        text = (f"# The main table over {len(model_seeds)} model seeds × {len(unlearn_seeds)} unlearning seeds\n\n"
+        text = (f"## The main table over {len(model_seeds)} model seeds × {len(unlearn_seeds)} unlearning seeds\n\n"
                 "Each cell: mean over every (model seed, unlearning seed) ± standard deviation between model seeds "
                 "(of their means) / within them (over unlearning seeds).\n\n" + table_md
-                + f"\n## Token level against sequence level: {len(results)} comparisons\n\n"
+                + f"\n### Token level against sequence level: {len(results)} comparisons\n\n"
                 f"Paired on (model seed, unlearning seed); two-level bootstrap ({boot['samples']} draws: model seeds, "
                 f"then unlearning seeds within each); family-wise confidence {boot['confidence']} by Bonferroni over "
                 f"the {len(results)} comparisons. Verdicts: {counts['better']} better, {counts['worse']} worse, "
                 f"{counts['undecided']} undecided.\n\n" + comp_md
-                + "\n## Learning rates: bisected onto the utility floor per model seed\n\n" + lrs_md)
+                + "\n### Learning rates: bisected onto the utility floor per model seed\n\n" + lrs_md)
         with atomic_file(out_dir / "results.md") as f:
             f.write(text)
         with atomic_file(out_dir / "results.csv") as f:

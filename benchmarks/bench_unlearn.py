@@ -5,7 +5,7 @@
            pass on the forget batch every step, as common implementations do (goal: at most 0.8x), with and
            without the KL retain term.
 3. reader: the forget-shard reader delivers batches at least 20x faster than the trainer consumes them (the
-           embedded default model of params.yaml, the fastest trainer there is).
+           paper sweep's model of configs/paper.yaml, the fastest trainer there is).
 4. memory: the reader's peak memory over one epoch of 8 shards against 64 shards (goal: independent).
 
 Step times are interleaved (one step of each variant in turn, median over rounds), so machine noise hits every
@@ -194,12 +194,12 @@ def read_epoch(shards: Path, micro_batch: int, window_shards: int) -> tuple[int,
 
 
 def bench_reader(args, work: Path) -> dict:
-    """The embedded default model's step (params.yaml: model.config, tokenizer vocabulary, unlearn batch size)
+    """The paper sweep's model step (configs/paper.yaml: model.config, tokenizer vocabulary, unlearn batch size)
     on TOFU-length samples, against the reader's time per batch over a 16-shard epoch."""
     import yaml
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = yaml.safe_load((REPO / "configs" / "paper.yaml").read_text())  # the 4-layer model of the figures
     vocab, batch = params["tokenizer"]["vocab_size"], params["unlearn"]["train"]["micro_batch_size"]
     config = LlamaConfig(vocab_size=vocab, **params["model"]["config"])
     length, rows = 96, params["attribution"]["rows_per_shard"]

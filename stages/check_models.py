@@ -32,5 +32,6 @@ def command(params: dict, models: tuple[str, ...], out: str) -> None:
         results = {}
         for name, _, model_dir in pairs:
             results[name] = exact_match_rates(model_dir, data, cfg)
-            log.info("%s: %s", name, results[name])
+            log.info("check-models %s: exact match %s", name,
+                     ", ".join(f"{split} {rate:.3f}" for split, rate in results[name].items()))
         write_json(out, results)

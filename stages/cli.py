@@ -11,8 +11,8 @@ from pipeline.common.distributed import shutdown_distributed
 from pipeline.common.errors import TokenUnlearnError
 from pipeline.common.reproducible import pin_threads
 
-from . import (attribute, check_models, compare_attribution, evaluate, finetune, inspect, reference, relearn, report,
-               report_seeds, sweep, tokenizer, tune, unlearn, world)
+from . import (attribute, check_models, code_deps, compare_attribution, evaluate, finetune, inspect, reference, relearn,
+               report, report_seeds, sweep, tokenizer, tune, unlearn, world)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -25,7 +25,7 @@ def cli(verbose: bool, local_rank: int | None) -> None:
         os.environ["LOCAL_RANK"] = str(local_rank)
     level = logging.DEBUG if verbose else (logging.INFO if int(os.environ.get("RANK", "0")) == 0 else logging.WARNING)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
-    for noisy in ("DeepSpeed", "torch.distributed", "datasets", "filelock", "urllib3", "httpx"):
+    for noisy in ("DeepSpeed", "torch.distributed", "datasets", "filelock", "urllib3", "httpx", "absl"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
     pin_threads()  # CPU reproducibility (pipeline/common/reproducible.py)
 
@@ -33,7 +33,7 @@ def cli(verbose: bool, local_rank: int | None) -> None:
 for command in (world.command, tokenizer.command, finetune.command, check_models.command, attribute.command,
                 attribute.download_command, reference.command, inspect.command, unlearn.command, evaluate.command,
                 evaluate.export_command, report.command, report_seeds.command, tune.command,
-                compare_attribution.command, relearn.command, sweep.command):
+                compare_attribution.command, relearn.command, sweep.command, code_deps.command):
     cli.add_command(command)
 
 SYSTEM_ERRNOS = {  # errors of the machine, not of the code: one line each, as the user's errors

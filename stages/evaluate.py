@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from pipeline.common.atomic import hold_outputs
-from pipeline.evaluation.evaluate import eval_config, evaluate_path
+from pipeline.common.atomic import hold_outputs, write_json
+from pipeline.evaluation.evaluate import eval_config, evaluate_path, headline_metrics
 from pipeline.evaluation.open_unlearning import export_evaluation
 
 from .options import params_options
@@ -22,22 +22,40 @@ log = logging.getLogger(__name__)
               help="A model directory (safetensors) or hub name, or an unlearning run's directory "
                    "(artifacts/unlearn/t_npo: every seed{S}/model in it, once the run is complete).")
 @click.option("--out", type=click.Path(file_okay=False), help="Output directory [artifacts/eval/NAME].")
-@click.option("--metrics", type=click.Path(dir_okay=False), help="Summary JSON [artifacts/metrics/eval/NAME.json].")
+@click.option("--metrics", type=click.Path(dir_okay=False),
+              help="Summary JSON [artifacts/metrics/eval/NAME.json; with --out: OUT.json].")
 @click.option("--retain-results", type=click.Path(),
               help="The retain model's evaluation, for forget quality: the --out of its evaluation (the same as "
                    "--out when NAME is the retain model), or open-unlearning's TOFU_EVAL.json of it (the file or "
                    "its directory). Left out: no forget quality.")
-def command(name, params: dict, model_path, out, metrics, retain_results) -> None:
+@click.option("--headline", type=click.Path(dir_okay=False),
+              help="Also write the few headline numbers here (the DVC metrics file `dvc metrics show` lists).")
+def command(name, params: dict, model_path, out, metrics, retain_results, headline) -> None:
     """Evaluate model NAME (or each seed of run NAME) on the TOFU sets and the multiple-choice sets (params:
     evaluate, data); the output directory also holds open-unlearning's TOFU_EVAL.json and TOFU_SUMMARY.json."""
     cfg = eval_config(params)
     out_dir = Path(out or f"artifacts/eval/{name}")
-    metrics_file = Path(metrics or f"artifacts/metrics/eval/{name}.json")
+    metrics_file = Path(metrics or (f"{out}.json" if out else f"artifacts/metrics/eval/{name}.json"))
     with hold_outputs(out_dir):
         summary = evaluate_path(model_path, cfg, out_dir, Path(retain_results) if retain_results else None,
                                 metrics_file, name)
-    keys = ("forget_es", "retain_es", "model_utility", "log10_forget_quality", "seconds")
-    log.info("evaluate %s: %s", name, {k: summary[k] for k in keys if k in summary})
+        if headline:
+            write_json(headline, headline_metrics(summary))
+    log.info("evaluate %s: %s; wrote %s", name, _headline(summary), metrics_file)
+
+
+def _headline(summary: dict) -> str:
+    """forget ES, model utility and log10 forget quality (mean ± std over the seeds of a run), and the time."""
+    labels = {"forget_es": "forget ES", "model_utility": "model utility",
+              "log10_forget_quality": "log10 forget quality"}
+    several = len(summary.get("seeds", [])) > 1  # one seed has no spread to show
+    parts = [f"{label} {summary[key]:.3f}" + (f" ± {summary[key + '_std']:.3f}" if several else "")
+             for key, label in labels.items() if key in summary]
+    if "seeds" in summary:
+        parts.append(f"{len(summary['seeds'])} seeds")
+    if "seconds" in summary:
+        parts.append(f"{summary['seconds']:.0f} s" + (" per seed" if "seeds" in summary else ""))
+    return ", ".join(parts)
 
 
 @click.command("export-open-unlearning")

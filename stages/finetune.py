@@ -24,8 +24,9 @@ log = logging.getLogger(__name__)
 @params_options
 @click.option("--out", type=click.Path(file_okay=False), help="Model directory [artifacts/models/NAME].")
 @click.option("--checkpoints", type=click.Path(file_okay=False),
-              help="Checkpoint directory [artifacts/checkpoints/NAME].")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Loss curve CSV [artifacts/plots/finetune/NAME.csv].")
+              help="Checkpoint directory [artifacts/checkpoints/NAME; with --out: OUT.checkpoints].")
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="Loss curve CSV [artifacts/plots/finetune/NAME.csv; with --out: OUT.loss.csv].")
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Continue from a checkpoint of the same run, if there is one.")
 @click.option("--local_rank", "--local-rank", type=int, default=None, hidden=True)
@@ -33,9 +34,13 @@ def command(name, params: dict, out, checkpoints, plot, resume, local_rank) -> N
     """Finetune model NAME as `finetune.models.NAME` in the params says (init, splits, train overrides)."""
     job = job_from_params(params, name)
     out_dir = Path(out or f"artifacts/models/{name}")
-    ckpt_dir = Path(checkpoints or f"artifacts/checkpoints/{name}")
-    plot_file = Path(plot or f"artifacts/plots/finetune/{name}.csv")
+    # A model with its own --out (a trial off DVC) keeps everything beside it, out of the pipeline's artifacts.
+    ckpt_dir = Path(checkpoints or (f"{out}.checkpoints" if out else f"artifacts/checkpoints/{name}"))
+    plot_file = Path(plot or (f"{out}.loss.csv" if out else f"artifacts/plots/finetune/{name}.csv"))
     init_distributed()
     with hold_outputs(out_dir, ckpt_dir):
         summary = run_finetune(job, out_dir, ckpt_dir, plot_file, resume)
-    log.info("finetune %s done: %s", name, json.dumps(summary))
+    loss = f", final loss {summary['final_loss']:.4f}" if summary["final_loss"] is not None else ""
+    log.info("finetune %s: %d steps on %d samples%s; wrote %s", name, summary["steps"], summary["samples"], loss,
+             out_dir)
+    log.debug("finetune %s: %s", name, json.dumps(summary))

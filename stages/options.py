@@ -12,9 +12,9 @@ from pipeline.common.params import load_params
 _PARAMS_OPTIONS = [
     click.option("--params", "params_file", default="params.yaml", show_default=True,
                  type=click.Path(dir_okay=False), help="The params file (DVC's params.yaml)."),
-    click.option("--overlay", "overlays", multiple=True, metavar="SECTION",
-                 help="Apply the params' overlay SECTION first (e.g. corpus: the WMDP-style run's changes to the "
-                      "sections); repeatable, applied in order."),
+    click.option("--overlay", "overlays", multiple=True, metavar="FILE",
+                 help="Merge this file's changes into the params first (e.g. configs/paper.yaml: the paper's sweep); "
+                      "repeatable, applied in order; null in it switches a setting off."),
     click.option("-S", "--set", "overrides", multiple=True, metavar="KEY=VALUE",
                  help="Set one param after the overlays, as `dvc exp run -S` does, e.g. -S unlearn.train.lr=1e-4 "
                       "(the value is YAML); repeatable."),

@@ -37,4 +37,6 @@ def command(params: dict, out: str, metrics: str, local_rank) -> None:
     init_distributed()
     with hold_outputs(out):
         summary = run_reference(cfg, data, Path(out), Path(metrics))
-    log.info("reference done: %s", json.dumps({k: v for k, v in summary.items() if k != "metadata"}))
+    log.info("reference: %d samples, %d answer positions, top %d log-probabilities; wrote %s", summary["samples"],
+             summary["positions"], summary["top_k"], out)
+    log.debug("reference: %s", json.dumps({k: v for k, v in summary.items() if k != "metadata"}))

@@ -8,7 +8,8 @@ import click
 from pipeline.common.atomic import hold_outputs
 from pipeline.common.errors import ParamError
 from pipeline.common.params import check_keys, section
-from pipeline.evaluation.report import load_ablations, load_rows, write_report
+from pipeline.evaluation.report import load_ablations, load_rows, missing_evaluations, missing_note, write_report
+from pipeline.training.unlearn import run_spec
 
 from .options import params_options
 
@@ -27,16 +28,22 @@ log = logging.getLogger(__name__)
               help="The relearning attack's summaries, NAME.json where present [beside --metrics-dir: "
                    "artifacts/metrics/relearn].")
 def command(params: dict, metrics_dir, out, plots, relearn_dir) -> None:
-    """Results table and plots of the target, the retain model and the runs of unlearn.runs (params: report)."""
-    runs, defaults = section(params, "unlearn.runs"), section(params, "unlearn.defaults")
+    """Results table and plots of the target, the retain model and the runs of report.table that are evaluated
+    (the others are named in results.md); the target's and the retain model's evaluations are required."""
     check_keys(section(params, "report"), ("table", "ablations"), "report")
-    table = section(params, "report.table")
+    runs, table = section(params, "unlearn.runs"), section(params, "report.table")
+    ablations = section(params, "report.ablations") or {}
     unknown = [n for n in table if n not in runs]
     if unknown:
         raise ParamError(f"report.table: {unknown} are not runs of unlearn.runs")
-    relearn_dir = Path(relearn_dir) if relearn_dir else Path(metrics_dir).parent / "relearn"
-    rows = load_rows(Path(metrics_dir), {n: runs[n] for n in table}, defaults, relearn_dir)
-    ablations = load_ablations(Path(metrics_dir), section(params, "report.ablations") or {}, runs, defaults)
+    specs = {name: run_spec(params, name) for name in runs}
+    metrics_dir = Path(metrics_dir)
+    relearn_dir = Path(relearn_dir) if relearn_dir else metrics_dir.parent / "relearn"
+    rows = load_rows(metrics_dir, {n: specs[n] for n in table}, relearn_dir)
+    ablation_rows = load_ablations(metrics_dir, ablations, specs)
+    missing = missing_evaluations(metrics_dir, [*table, *(n for names in ablations.values() for n in names)])
+    if missing:
+        log.warning("%s", missing_note(missing))
     with hold_outputs(out, plots):
-        write_report(rows, Path(out), Path(plots), ablations)
+        write_report(rows, Path(out), Path(plots), ablation_rows, missing)
     log.info("report of %d models in %s/results.md", len(rows), out)

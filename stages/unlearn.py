@@ -31,34 +31,37 @@ log = logging.getLogger(__name__)
 @click.option("--out", type=click.Path(file_okay=False),
               help="Output directory [artifacts/unlearn/NAME]: seed{S}/model/, seed{S}/token_weights.parquet, "
                    "complete.json.")
-@click.option("--checkpoints", type=click.Path(file_okay=False), help="[artifacts/checkpoints/unlearn-NAME]")
+@click.option("--checkpoints", type=click.Path(file_okay=False),
+              help="[artifacts/checkpoints/unlearn-NAME; with --out: OUT.checkpoints]")
 @click.option("--plots", type=click.Path(file_okay=False),
-              help="Loss curves, seed{S}.csv per seed [artifacts/plots/unlearn/NAME].")
+              help="Loss curves, seed{S}.csv per seed [artifacts/plots/unlearn/NAME; with --out: OUT.plots].")
 @click.option("--seed", "seeds", type=int, multiple=True, help="Only these seeds [unlearn.seeds] (repeatable).")
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Skip the seeds already finished with these params, and continue a killed seed from its "
                    "checkpoint.")
 @click.option("--monitor-plots", type=click.Path(file_okay=False),
               help="Evaluation during training (unlearn.monitor.every > 0), seed{S}.csv per seed "
-                   "[artifacts/plots/monitor/NAME].")
+                   "[artifacts/plots/monitor/NAME; with --out: OUT.monitor].")
 @click.option("--lr-from", type=click.Path(dir_okay=False),
               help="Take the learning rate a tuning chose for NAME (its choice.json) instead of the params'.")
 @click.option("--local_rank", "--local-rank", type=int, default=None, hidden=True)
 def command(name, params: dict, shards, reference, out, checkpoints, plots, seeds, resume, monitor_plots,
             lr_from, local_rank) -> None:
-    """Unlearn with run NAME: its method and weighting over `unlearn.defaults`, its `train:` over `unlearn.train`,
-    once per seed (params: unlearn, data; unlearn.monitor and three evaluate keys for the evaluation during
-    training)."""
+    """Unlearn with run NAME: its method's and weighting's sections over `unlearn.defaults`, its `train:` over
+    `unlearn.train`, once per seed (params: unlearn, data; unlearn.monitor and three evaluate keys for the
+    evaluation during training)."""
     cfg, train = run_configs(params, name)
     if lr_from:
         train = replace(train, lr=chosen_lr(Path(lr_from), name))
         log.info("unlearn %s: lr %.3g from %s", name, train.lr, lr_from)
     data = DataConfig.from_params(section(params, "data"))
     monitor = monitor_from_params(params)
+    # A run with its own --out (a trial off DVC) keeps everything beside it, out of the pipeline's artifacts.
     out_dir = Path(out or f"artifacts/unlearn/{name}")
-    ckpt_dir = Path(checkpoints or f"artifacts/checkpoints/unlearn-{name}")
-    plots_dir = Path(plots or f"artifacts/plots/unlearn/{name}")
-    monitor_dir = Path(monitor_plots or f"artifacts/plots/monitor/{name}") if monitor else None
+    ckpt_dir = Path(checkpoints or (f"{out}.checkpoints" if out else f"artifacts/checkpoints/unlearn-{name}"))
+    plots_dir = Path(plots or (f"{out}.plots" if out else f"artifacts/plots/unlearn/{name}"))
+    monitor_dir = Path(monitor_plots or (f"{out}.monitor" if out else f"artifacts/plots/monitor/{name}")) \
+        if monitor else None
     if monitor is None and monitor_plots:  # monitor off: the output a DVC stage declares is there, and empty
         Path(monitor_plots).mkdir(parents=True, exist_ok=True)
     init_distributed()
@@ -66,5 +69,11 @@ def command(name, params: dict, shards, reference, out, checkpoints, plots, seed
         summaries = run_unlearn_seeds(name, cfg, train, data, str(section(params, "unlearn.model")), Path(shards),
                                       out_dir, ckpt_dir, plots_dir, list(seeds or section(params, "unlearn.seeds")),
                                       resume, Path(reference) if reference else None, monitor, monitor_dir)
-    for summary in summaries:
-        log.info("unlearn %s: %s", name, json.dumps(summary))
+    for seed, summary in zip(seeds or section(params, "unlearn.seeds"), summaries):
+        log.debug("unlearn %s seed %d: %s", name, seed, json.dumps(summary))
+        if summary.get("skipped"):  # logged as it was skipped
+            continue
+        final = summary["final"] or {}
+        loss = f", final loss {final['loss']:.4f}" if "loss" in final else ""
+        log.info("unlearn %s seed %d: %s/%s, %d steps%s; wrote %s", name, seed, summary["method"],
+                 summary["weighting"], summary["steps"], loss, out_dir / f"seed{seed}")

@@ -5,7 +5,7 @@ template (a system turn, Llama 3's date header, Qwen 3's thinking switch, Gemma'
 
 The tokenizers are byte-level BPEs trained on the micro world's text (real vocabularies need the hub), and the
 models are saved with `save_pretrained` and read back by the stages through `from_pretrained`, as a user's are.
-Used by tests/test_families.py and by `python -m tests.family_matrix`, which writes the README's table.
+Used by tests/test_families.py and by `python -m tests.family_matrix`, which writes docs/real-models.md's table.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Every stage on every model family: attribute → unlearn (every method; uniform, hard and soft) → evaluate, on the
 micro world with the small random-weight models of tests/families.py.
 
-    python -m tests.family_matrix                 # every family; prints the README's families × stages table
+    python -m tests.family_matrix                 # every family; prints docs/real-models.md's families × stages table
     python -m tests.family_matrix qwen3 gemma2    # some of them
 
 tests/test_families.py runs the same function, one family per test.

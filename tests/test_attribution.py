@@ -96,3 +96,14 @@ def test_logp_and_entropy_equal_the_log_softmax_formulas():
     torch.testing.assert_close(logp, lsm.gather(-1, targets[:, None])[:, 0])
     torch.testing.assert_close(entropy, -(lsm.exp() * lsm).sum(-1))
     assert abs(entropy[1].item() - np.log(4)) < 1e-6  # uniform over 4: log 4
+
+
+def test_the_headline_metrics_are_the_counts_and_phis_precision_at_the_papers_r():
+    from pipeline.attribution.quality import headline_metrics
+
+    metrics = {"samples": 5, "scored_tokens": 40, "no_noun": 1, "tagger": "spacy", "config": {"alpha": 0.7},
+               "quality": {"r=0.1": {"phi": {"precision": 0.9, "recall": 0.1}},
+                           "r=0.2": {"phi": {"precision": 0.5, "recall": 0.4, "precision_ci": [0.1, 0.9]},
+                                     "random": {"precision": 0.2, "recall": 0.1}}}}
+    assert headline_metrics(metrics) == {"samples": 5, "scored_tokens": 40, "phi_precision": 0.5, "phi_recall": 0.4}
+    assert headline_metrics({"samples": 5, "quality": {}}) == {"samples": 5}  # no annotations: counts only

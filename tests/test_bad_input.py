@@ -264,7 +264,8 @@ def test_unknown_keys_in_finetune_model_report_and_multiple_choice_are_errors(mi
         EvalConfig.from_params({"multiple_choice": {"w": {"format": "world", "source": "x", "sorce": "y"}}})
     with pytest.raises(ParamError, match=r"params.yaml: unknown section 'unlern' \(did you mean 'unlearn'\?\)"):
         check_sections({"unlern": {"model": "x", "seeds": [0]}}, "params.yaml")
-    check_sections({"corpus": {"unlearn": {"train": {"epochs": 20}}}})  # an overlay is a section of changes
+    with pytest.raises(ParamError, match=r"'corpus' looks like an overlay .* --overlay configs/corpus.yaml"):
+        check_sections({"corpus": {"unlearn": {"train": {"epochs": 20}}}})  # overlays are files now
 
 
 def test_check_section_is_validated():
@@ -388,8 +389,11 @@ def test_evaluate_checks_every_input_before_loading_the_model(micro_world_dir, m
         evaluate_path(str(micro_model_dir), cfg, tmp_path / "out", retain if fault == "retain" else None)
 
 
-def test_evaluation_shows_progress_on_its_long_loops(micro_model_dir, micro_tokenizer, capsys):
+def test_evaluation_shows_progress_on_its_long_loops(micro_model_dir, micro_tokenizer, capsys, monkeypatch):
+    """On a terminal: a bar per loop (piped, the loops log a line every 30 s instead: tests/test_progress.py)."""
     from pipeline.common.modeling import load_model
+
+    monkeypatch.setattr("pipeline.common.progress._is_terminal", lambda stream: True)
     from pipeline.data.templates import get_template
     from pipeline.evaluation.generation import greedy_answers
     from pipeline.evaluation.tofu_metrics import answer_statistics
@@ -466,13 +470,13 @@ def test_an_output_that_is_a_symlink_is_refused(micro_world_dir, micro_model_dir
 
 
 def test_unlearn_and_tune_name_a_missing_tuning_choice_or_a_missing_group(tmp_path, capsys):
-    status, err = run_cli(["unlearn", "ga", "--lr-from", str(tmp_path / "choice.json"), "--out", str(tmp_path / "u")],
+    status, err = run_cli(["unlearn", "npo", "--lr-from", str(tmp_path / "choice.json"), "--out", str(tmp_path / "u")],
                           capsys)
     assert status == 2 and "choice.json: no tuning choice to read" in one_error_line(err)
     assert not (tmp_path / "u").exists()
-    (tmp_path / "choice.json").write_text(json.dumps({"runs": {"t_ga": {"chosen": {"lr": 1e-4}}}}))
-    status, err = run_cli(["unlearn", "ga", "--lr-from", str(tmp_path / "choice.json"), "--out", str(tmp_path / "u")],
+    (tmp_path / "choice.json").write_text(json.dumps({"runs": {"t_npo": {"chosen": {"lr": 1e-4}}}}))
+    status, err = run_cli(["unlearn", "npo", "--lr-from", str(tmp_path / "choice.json"), "--out", str(tmp_path / "u")],
                           capsys)
-    assert status == 2 and "no chosen lr for run 'ga'" in one_error_line(err)
-    status, err = run_cli(["tune", "ga", "--run", "ga"], capsys)
+    assert status == 2 and "no chosen lr for run 'npo'" in one_error_line(err)
+    status, err = run_cli(["tune", "npo", "--run", "npo"], capsys)
     assert status == 2 and "one of them" in err

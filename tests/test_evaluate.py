@@ -181,7 +181,7 @@ def test_report_table_and_plots(tmp_path):
     for name, s in {"target": _summary(1.0, 1.0, 0.9, -5.0, 0.8), "retain": _summary(0.2, 1.0, 0.9, 0.0, 0.3),
                     "t_npo": _summary(0.25, 0.9, 0.85, -0.5)}.items():
         (metrics / f"{name}.json").write_text(json.dumps(s))
-    rows = load_rows(metrics, {"t_npo": {"method": "npo", "weighting": "hard"}}, {})
+    rows = load_rows(metrics, {"t_npo": {"method": "npo", "weighting": "hard"}})
     markdown, table_csv = results_table(rows)
     lines = markdown.splitlines()
     assert lines[0] == "| model | run | retain ES ↑ | forget ES ↓ | MU ↑ | log10 FQ ↑ | world_forget acc |"
@@ -193,8 +193,8 @@ def test_report_table_and_plots(tmp_path):
     for png in ("forget_quality_vs_utility.png", "extraction_strength.png"):
         assert (tmp_path / "report" / png).read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "plots" / "tradeoff.csv").read_text().splitlines()[3] == "T-NPO,npo,hard,0.85,-0.5"
-    with pytest.raises(DataError, match=r"s_ga.json: no evaluation of 's_ga'"):
-        load_rows(metrics, {"s_ga": {"method": "ga", "weighting": "soft"}}, {})
+    with pytest.raises(DataError, match=r"s_ga.json: no evaluation of 's_ga' nor of any other run of the report"):
+        load_rows(metrics, {"s_ga": {"method": "ga", "weighting": "soft"}})
 
 
 def test_seeds_are_summarised_as_mean_and_sample_std():
@@ -234,3 +234,13 @@ def test_comparison_sets_a_variant_score_against_the_same_run_with_phi():
     assert lines[2].startswith("| T_GA − GA |") and lines[3].startswith("| T_GA_L − GA |")
     assert lines[4].startswith("| T_GA_L − T_GA |") and "| -0.200 * |" in lines[4]
     assert len(lines) == 5
+
+
+def test_the_headline_metrics_are_a_few_numbers_of_the_summary():
+    from pipeline.evaluation.evaluate import headline_metrics
+
+    summary = {"forget_es": 0.5, "forget_es_std": 0.1, "retain_es": 0.9, "model_utility": 0.8, "seeds": [0, 1],
+               "log10_forget_quality": -1.5, "mc_world_forget": 0.7, "mc_world_retain": 0.9, "q8_forget_es": 0.5,
+               "per_seed": {"0": {"forget_es": 0.4}}}
+    assert headline_metrics(summary) == {"forget_es": 0.5, "retain_es": 0.9, "model_utility": 0.8,
+                                         "log10_forget_quality": -1.5, "mc_world_forget": 0.7}

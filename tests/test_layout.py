@@ -67,55 +67,66 @@ def test_stages_are_thin():
     assert not long, f"stage modules over 90 lines (move the logic into pipeline/): {long}"
 
 
-COMMAND_MODULES = {"make-world": "world", "train-tokenizer": "tokenizer", "finetune": "finetune", "relearn": "relearn",
-                   "check-models": "check_models", "attribute": "attribute", "reference": "reference",
-                   "unlearn": "unlearn",
-                   "evaluate": "evaluate", "report": "report", "report-seeds": "report_seeds", "tune": "tune",
-                   "compare-attribution": "compare_attribution", "sweep": "sweep"}
+def test_every_dvc_stage_lists_exactly_the_code_it_runs(monkeypatch):
+    """A code change reruns every stage that runs it, and only those: each stage's `pipeline/` and `stages/` deps
+    are the files its command imports (`tokenunlearn code-deps --write` writes them; no one keeps them by hand)."""
+    from click.testing import CliRunner
+
+    from stages.cli import cli
+
+    monkeypatch.chdir(REPO)
+    result = CliRunner().invoke(cli, ["code-deps"])
+    assert result.exit_code == 0, f"stale code deps (run `tokenunlearn code-deps --write`):\n{result.output}"
 
 
-def module_file(name: str) -> Path | None:
-    path = REPO / Path(*name.split("."))
-    if path.with_suffix(".py").is_file():
-        return path.with_suffix(".py")
-    return path / "__init__.py" if (path / "__init__.py").is_file() else None
+def test_code_deps_are_written_from_the_imports_and_leave_the_rest_of_the_file_alone(tmp_path):
+    from pipeline.sweep.code_deps import stale_code_deps, write_code_deps
 
-
-def library_closure(start: Path) -> set[str]:
-    """The library files a module needs, following every import (lazy ones too), as repository paths."""
-    seen, todo = set(), [start]
-    while todo:
-        path = todo.pop()
-        if path in seen:
-            continue
-        seen.add(path)
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module, *(f"{node.module}.{a.name}" for a in node.names)] \
-                if isinstance(node, ast.ImportFrom) and node.module else []
-            todo += [f for n in names if n.startswith("pipeline") and (f := module_file(n))]
-    return {p.relative_to(REPO).as_posix() for p in seen
-            if p.parts[-2] != "stages" and p.name != "__init__.py"}
-
-
-def dvc_stages():
-    import yaml
-
-    for dvc_file in [REPO / "dvc.yaml", *sorted((REPO / "experiments").glob("*/dvc.yaml"))]:
-        for name, stage in yaml.safe_load(dvc_file.read_text())["stages"].items():
-            stage = stage.get("do", stage)
-            yield f"{dvc_file.relative_to(REPO)}:{name}", stage["cmd"], stage.get("deps", [])
-
-
-@pytest.mark.parametrize("where,cmd,deps", list(dvc_stages()), ids=[where for where, _, _ in dvc_stages()])
-def test_every_dvc_stage_depends_on_all_the_code_it_runs(where, cmd, deps):
-    """A code change reruns every stage that runs it: each stage's deps cover the library files its command
-    imports (a directory dep covers its files), and no dep names a file that does not exist."""
-    if not cmd.startswith("tokenunlearn "):
-        return  # an experiment's own script (its file is a dep of its own)
-    command = cmd.split()[1]
-    needed = library_closure(REPO / "stages" / f"{COMMAND_MODULES[command]}.py")
-    code_deps = [d for d in deps if d.startswith("pipeline")]
-    missing = sorted(f for f in needed if not any(f == d or f.startswith(d.rstrip("/") + "/") for d in code_deps))
-    assert not missing, f"{where}: deps lack {missing}"
-    assert all((REPO / d).exists() for d in code_deps), f"{where}: deps name missing files"
+    files = {"pipeline/a.py": "from pipeline.b import f\n", "pipeline/b.py": "def f():\n    import pipeline.c\n",
+             "pipeline/c.py": "", "pipeline/__init__.py": '"""docstring only"""\n', "pipeline/unused.py": "",
+             "stages/cmd.py": "from pipeline import a\nfrom .options import o\n", "stages/options.py": "o = 1\n",
+             "scripts/s.py": "import pipeline.c\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    dvc_file = tmp_path / "dvc.yaml"
+    dvc_file.write_text(
+        "stages:\n"
+        "  one:  # a comment that stays\n"
+        "    foreach: [x, y]\n"
+        "    do:\n"
+        "      cmd: tokenunlearn cmd ${item} --out o\n"
+        "      deps:\n"
+        "        - data/${item}\n"
+        "        - pipeline/unused.py\n"
+        "      outs:\n"
+        "        - o\n"
+        "  two:\n"
+        "    cmd: python scripts/s.py\n"
+        "    deps:\n"
+        "      - scripts/s.py\n")
+    commands = {"cmd": tmp_path / "stages" / "cmd.py"}
+    assert set(stale_code_deps(tmp_path, dvc_file, commands)) == {"one", "two"}
+    assert write_code_deps(tmp_path, dvc_file, commands) == ["one", "two"]
+    assert dvc_file.read_text() == (
+        "stages:\n"
+        "  one:  # a comment that stays\n"
+        "    foreach: [x, y]\n"
+        "    do:\n"
+        "      cmd: tokenunlearn cmd ${item} --out o\n"
+        "      deps:\n"
+        "        - data/${item}\n"
+        "        - pipeline/a.py\n"
+        "        - pipeline/b.py\n"
+        "        - pipeline/c.py\n"
+        "        - stages/cmd.py\n"
+        "        - stages/options.py\n"
+        "      outs:\n"
+        "        - o\n"
+        "  two:\n"
+        "    cmd: python scripts/s.py\n"
+        "    deps:\n"
+        "      - scripts/s.py\n"
+        "      - pipeline/c.py\n")
+    assert stale_code_deps(tmp_path, dvc_file, commands) == {}
+    assert write_code_deps(tmp_path, dvc_file, commands) == []

@@ -267,7 +267,8 @@ def test_the_lora_overlay_adds_adapters_to_a_familys():
 
     from .conftest import REPO
 
-    params = load_params(REPO / "configs" / "tofu.yaml", ["llama3.1-8b-instruct", "lora"])
+    params = load_params(REPO / "configs" / "tofu.yaml", [REPO / "configs" / "models" / "llama3.1-8b-instruct.yaml",
+                                                         REPO / "configs" / "lora.yaml"])
     _, train = run_configs(params, "t_npo")
     assert train.lora_spec == LoraSpec(r=16, alpha=32, save="merged") and train.gradient_checkpointing
     assert train.zero_stage == 3 and train.lr == 1.0e-5  # the family's own keys stay

@@ -93,8 +93,8 @@ def test_the_cli_runs_an_mc_only_evaluation(micro_model_dir, tmp_path, monkeypat
     params = tmp_path / "params.yaml"
     base = yaml.safe_load((REPO / "params.yaml").read_text())
     # no TOFU set, so no membership inference (it scores the forget set); the probes score the sets there are
-    base["evaluate"] = {**base["evaluate"], "tofu_sets": [], "multiple_choice": _sources(tmp_path), "mia": {},
-                        "probe_sets": []}
+    base["evaluate"] = {**base["evaluate"], "tofu_sets": [], "multiple_choice": _sources(tmp_path), "mia": None,
+                        "probe_sets": [], "quantize": {"bits": [8, 4], "group_size": 128, "method": "auto"}}
     params.write_text(yaml.safe_dump(base))
     monkeypatch.chdir(tmp_path)  # no artifacts/world here: nothing may need the TOFU splits
     result = CliRunner().invoke(cli, ["evaluate", "m", "--model", str(micro_model_dir), "--params", str(params)])

@@ -80,7 +80,8 @@ def test_the_lm_head_sees_only_continuation_positions_of_a_real_model(micro_mode
     assert all(len(shape) == 2 for shape in rows) and sum(s[0] for s in rows) < 8 * 10
 
 
-def test_long_sets_show_a_bar_over_items(micro_tokenizer, capsys):
+def test_long_sets_show_a_bar_over_items(micro_tokenizer, capsys, monkeypatch):
+    monkeypatch.setattr("pipeline.common.progress._is_terminal", lambda stream: True)  # a terminal: a bar
     items = [MCItem(f"Question {k}?", ["a", "b", "c", "d"], k % 4, "toys") for k in range(300)]
     model = FixedLogits([0.0] * len(micro_tokenizer))
     result = evaluate_mc(model, micro_tokenizer, items, batch_size=64, desc="multiple choice wmdp_bio")

@@ -91,7 +91,8 @@ def test_the_offload_overlay_adds_offload_to_a_familys():
 
     from .conftest import REPO
 
-    params = load_params(REPO / "configs" / "tofu.yaml", ["llama3.1-8b-instruct", "offload"])
+    params = load_params(REPO / "configs" / "tofu.yaml",
+                         [REPO / "configs" / "models" / "llama3.1-8b-instruct.yaml", REPO / "configs" / "offload.yaml"])
     _, train = run_configs(params, "npo")
     assert (train.zero_stage, train.offload_params, train.offload_optimizer) == (3, True, True)
     assert job_from_params(params, "target").train.offload_params

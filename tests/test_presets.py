@@ -1,30 +1,37 @@
-"""The real-model presets in configs/ are valid params files for the stages (checked without any download)."""
+"""The real-model presets in configs/ are valid params files for the stages (checked without any download), and so
+are configs/paper.yaml and the experiments' overlay files over it."""
 
 import pytest
 
 from pipeline.attribution.run import AttributionConfig
-from pipeline.common.params import SECTIONS, load_params, section
+from pipeline.common.params import load_params, section
 from pipeline.data.config import DataConfig
 
 from .conftest import REPO
 
+CONFIGS = REPO / "configs"
+
 
 def _presets():
-    """(params file, overlay) for every file of configs/ and each of its overlays (None: the file as it is)."""
-    for path in sorted((REPO / "configs").glob("*.yaml")):
-        raw = load_params(path)
-        yield path.name, None
-        yield from ((path.name, name) for name, value in raw.items() if name not in SECTIONS)
+    """The overlays of configs/tofu.yaml, each on its own: none (Phi-1.5), each model family's
+    (configs/models/NAME.yaml), and each memory overlay (configs/lora.yaml, configs/offload.yaml)."""
+    yield []
+    yield from ([path] for path in sorted((CONFIGS / "models").glob("*.yaml")))
+    yield from ([CONFIGS / name] for name in ("lora.yaml", "offload.yaml"))
 
 
-@pytest.mark.parametrize("preset, overlay", list(_presets()))
-def test_preset_builds_every_stage_config(preset, overlay):
+def _name(overlays) -> str:
+    return "+".join(p.relative_to(CONFIGS).as_posix() for p in overlays) or "tofu.yaml"
+
+
+@pytest.mark.parametrize("overlays", list(_presets()), ids=_name)
+def test_preset_builds_every_stage_config(overlays):
     from pipeline.data.templates import template_from_params
     from pipeline.evaluation.evaluate import eval_config
     from pipeline.training.unlearn import run_configs
     from stages.finetune import job_from_params
 
-    params = load_params(REPO / "configs" / preset, overlay)
+    params = load_params(CONFIGS / "tofu.yaml", overlays)
     data = DataConfig.from_params(section(params, "data"))
     template_from_params(data.template)
     AttributionConfig.from_params(section(params, "attribution"))
@@ -35,6 +42,15 @@ def test_preset_builds_every_stage_config(preset, overlay):
         _, train = run_configs(params, name)
         assert train.micro_batch_size * train.grad_accum == 32  # the paper's effective batch on one GPU
     eval_config(params)
+    from pipeline.attribution.reference import ReferenceConfig
+    from pipeline.evaluation.exact_match import CheckConfig
+    from pipeline.training.tuning import TuneConfig
+
+    reference = ReferenceConfig.from_params(section(params, "reference"))
+    assert reference.model == section(params, "attribution.model") == section(params, "unlearn.model")  # θ_o
+    CheckConfig.from_params(section(params, "check"))
+    tune = TuneConfig.from_params(section(params, "tune"))
+    assert all(run in section(params, "unlearn.runs") for runs in tune.groups.values() for run in runs)
     from pipeline.evaluation.monitor import monitor_from_params
     from pipeline.training.relearn import relearn_config
 
@@ -43,20 +59,33 @@ def test_preset_builds_every_stage_config(preset, overlay):
 
 
 def test_every_family_of_the_paper_and_open_unlearning_has_a_preset():
-    overlays = {o for p, o in _presets() if p == "tofu.yaml"}
+    overlays = {path.stem for path in (CONFIGS / "models").glob("*.yaml")}
     assert {"llama2-7b-chat", "llama3.2-1b-instruct", "llama3.1-8b-instruct", "qwen2.5-7b-instruct", "qwen3-8b",
             "zephyr-7b-beta", "gemma-2-2b-it", "phi-3.5-mini-instruct"} <= overlays  # and Phi-1.5 without one
 
 
-@pytest.mark.parametrize("overlay", [None, "corpus", "tofu"])
-def test_params_and_its_overlays_build_every_stage_config(overlay):
-    """params.yaml as `make demo` reads it, and with each overlay of the experiments' pipelines."""
+EXPERIMENTS = {  # the params file and overlays of the experiments' pipelines (experiments/*/dvc.yaml)
+    "demo": ("params.yaml", []),
+    "paper": ("configs/paper.yaml", []),
+    "corpus": ("configs/paper.yaml", ["configs/corpus.yaml"]),
+    "tofu": ("configs/paper.yaml", ["configs/tofu-small.yaml"]),
+    "exact_kl": ("configs/paper.yaml", ["configs/exact-kl.yaml"]),
+    "heldout": ("configs/paper.yaml", ["configs/heldout.yaml"]),
+    "heldout_corpus": ("configs/paper.yaml", ["configs/heldout.yaml", "configs/heldout-corpus.yaml"]),
+}
+
+
+@pytest.mark.parametrize("experiment", list(EXPERIMENTS))
+def test_params_and_its_overlays_build_every_stage_config(experiment):
+    """params.yaml as `make demo` reads it, configs/paper.yaml as `make paper` does, and with each overlay of the
+    experiments' pipelines."""
     from pipeline.evaluation.evaluate import eval_config
     from pipeline.training.tuning import TuneConfig
     from pipeline.training.unlearn import run_configs
     from stages.finetune import job_from_params
 
-    params = load_params(REPO / "params.yaml", overlay)
+    params_file, overlays = EXPERIMENTS[experiment]
+    params = load_params(REPO / params_file, [REPO / o for o in overlays])
     DataConfig.from_params(section(params, "data"))
     AttributionConfig.from_params(section(params, "attribution"))
     for name in section(params, "finetune.models"):
@@ -70,25 +99,29 @@ def test_params_and_its_overlays_build_every_stage_config(overlay):
 
     relearn_config(params)
     assert monitor_from_params(params).cfg.every > 0
-    if overlay == "tofu" and (REPO.parent / "shared" / "data" / "tofu").is_dir():
+    if experiment == "tofu" and (REPO.parent / "shared" / "data" / "tofu").is_dir():
         load_inputs(eval_config(params), None)  # the probe sets, holdout and paraphrases of real TOFU are there
     TuneConfig.from_params(section(params, "tune"))
     table = section(params, "report.table")
     assert set(table) <= set(section(params, "unlearn.runs"))
-    if overlay == "corpus":
+    if experiment == "corpus":
         assert params["attribution"]["mode"] == "corpus" and params["unlearn"]["defaults"]["retain_corpus"]
         assert len(table) == 12 and params["unlearn"]["runs"]["ga"]["method"] == "ga"
-    if overlay == "tofu":
+    if experiment == "heldout_corpus":
+        assert params["attribution"]["mode"] == "corpus" and params["data"]["source"] == "artifacts/heldout/world"
+    if experiment == "exact_kl":
+        assert all(run_configs(params, name)[0].retain_reference == "model" for name in table)
+    if experiment == "tofu":
         assert job_from_params(params, "target").init == "artifacts/tofu/models/base"
         assert eval_config(params).multiple_choice == {}
 
 
-@pytest.mark.parametrize("rung,millions", [("ladder_3m", 3.67), ("ladder_30m", 29.4), ("ladder_150m", 158.4)])
+@pytest.mark.parametrize("rung,millions", [("3m", 3.67), ("30m", 29.4), ("150m", 158.4)])
 def test_the_seeds_and_ladder_overlays_build_their_stage_configs(rung, millions):
-    """experiments/seeds (overlay seeds_overlay) and experiments/ladder (tofu, the rung, seeds_overlay): every run
-    configured, the tuning a bisection, no paraphrase probe (an overlay's {} merges: membership inference and the
-    quantization probes stay, and the runs' evaluate stages turn them off with -S), and each rung the size the
-    README gives."""
+    """experiments/seeds (configs/paper.yaml, overlay configs/seeds.yaml) and experiments/ladder (overlays
+    tofu-small, the rung's, seeds; and configs/ladder.yaml for its report): every run configured, the tuning a
+    bisection, no paraphrase probe, no membership inference and no quantization probes (null switches them off), and
+    each rung the size docs/reproducibility.md gives."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -96,17 +129,20 @@ def test_the_seeds_and_ladder_overlays_build_their_stage_configs(rung, millions)
     from pipeline.training.tuning import TuneConfig
     from pipeline.training.unlearn import run_configs
 
-    for overlays in (["seeds_overlay"], ["tofu", rung, "seeds_overlay"]):
-        params = load_params(REPO / "params.yaml", overlays)
+    seeds = ["configs/seeds.yaml"]
+    ladder = ["configs/tofu-small.yaml", f"configs/ladder-{rung}.yaml", "configs/seeds.yaml", "configs/ladder.yaml"]
+    for overlays in (seeds, ladder):
+        params = load_params(CONFIGS / "paper.yaml", [REPO / o for o in overlays])
         tune = TuneConfig.from_params(section(params, "tune"))
         assert tune.search == "bisect" and tune.bisect_config.max_trials >= 2
         cfg = eval_config(params)
-        assert not cfg.paraphrase and cfg.mia and cfg.quantize
-        experiment = section(params, "seeds" if len(overlays) == 1 else "ladder")
+        assert not cfg.paraphrase and not cfg.mia and not cfg.quantize
+        experiment = section(params, "seeds" if overlays is seeds else "ladder")
         for name in experiment["runs"]:
             run_configs(params, name)
+    assert rung in section(params, "ladder.rungs")
     config = LlamaConfig(**section(params, "model.config"), vocab_size=4096)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     assert sum(p.numel() for p in model.parameters()) / 1e6 == pytest.approx(millions, rel=0.01)
-    assert section(params, "unlearn.defaults")["rmu_layer"] < config.num_hidden_layers
+    assert section(params, "unlearn.methods.rmu.rmu_layer") < config.num_hidden_layers

@@ -160,7 +160,7 @@ def test_report_reads_the_relearning_summaries_and_writes_the_robustness_table(t
     (relearn / "ga.json").write_text(json.dumps({"before_forget_es": 0.3, "forget_forget_es": 0.7,
                                                  "forget_forget_es_std": 0.05, "retain_forget_es": 0.5,
                                                  "model": "artifacts/unlearn/ga"}))
-    rows = load_rows(metrics, {"ga": {"method": "ga", "weighting": "uniform"}}, {}, relearn)
+    rows = load_rows(metrics, {"ga": {"method": "ga", "weighting": "uniform"}}, relearn)
     assert rows[2].summary["relearn_forget_forget_es"] == 0.7 and "relearn_model" not in rows[2].summary
     write_report(rows, tmp_path / "report", tmp_path / "plots")
     text = (tmp_path / "report" / "results.md").read_text()

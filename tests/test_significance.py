@@ -86,7 +86,10 @@ def test_report_seeds_writes_the_table_comparisons_and_learning_rates(tmp_path):
         return {"forget_es": es, "retain_es": 0.9, "model_utility": 0.85, "log10_forget_quality": -1.0}
     write_tree(tmp_path / "seeds", [0, 1, 2], ["ga", "t_ga"], [0, 1], value)
     out = tmp_path / "report"
-    status = run(["report-seeds", "-S", "seeds.models=[0, 1, 2]", "-S", "seeds.runs=[ga, t_ga]",
+    from .conftest import REPO
+
+    status = run(["report-seeds", "--params", str(REPO / "configs" / "paper.yaml"), "--overlay",
+                  str(REPO / "configs" / "seeds.yaml"), "-S", "seeds.models=[0, 1, 2]", "-S", "seeds.runs=[ga, t_ga]",
                   "-S", "unlearn.seeds=[0, 1]", "-S", "seeds.bootstrap={samples: 500}",
                   "--root", str(tmp_path / "seeds"), "--out", str(out)])
     assert status == 0

@@ -11,7 +11,7 @@ from pipeline.common.errors import DataError, ParamError
 from pipeline.data.config import DataConfig
 from pipeline.training.engine import TrainConfig
 from pipeline.training.forget_stream import ForgetStream
-from pipeline.training.unlearn import METHODS, UnlearnConfig, load_retain, run_configs, run_unlearn
+from pipeline.training.unlearn import METHODS, UnlearnConfig, load_retain, run_configs, run_spec, run_unlearn
 
 from .conftest import ATTRIBUTION, killed_at_step, load_weights
 
@@ -142,6 +142,32 @@ def test_run_configs_merge_defaults_run_and_its_train_overrides():
         run_configs(params, "bad")
     with pytest.raises(ParamError, match="no run named 'nope'"):
         run_configs(params, "nope")
+
+
+def test_a_run_reads_defaults_then_its_methods_then_its_weightings_section_then_its_own_keys():
+    """So DVC can track, per run, only the sections it reads: a change of tau moves the soft runs alone."""
+    params = {"unlearn": {"train": TRAIN, "defaults": {"retain_weight": 0.1, "r": 0.3},
+                          "methods": {"npo": {"beta": 0.2}, "graddiff": {}},
+                          "weightings": {"uniform": {}, "hard": {"r": 0.2, "alpha": 0.6}, "soft": {"tau": 0.5}},
+                          "runs": {"npo": {"method": "npo", "weighting": "uniform"},
+                                   "t_npo": {"method": "npo", "weighting": "hard"},
+                                   "s_npo": {"method": "npo", "weighting": "soft", "beta": 0.3},
+                                   "t_gd": {"method": "graddiff", "weighting": "hard"}}}}
+    configs = {name: run_configs(params, name)[0] for name in params["unlearn"]["runs"]}
+    assert (configs["t_npo"].r, configs["t_npo"].alpha, configs["t_npo"].beta) == (0.2, 0.6, 0.2)
+    assert (configs["npo"].r, configs["s_npo"].tau, configs["s_npo"].beta) == (0.3, 0.5, 0.3)  # its own keys win
+    assert (configs["t_gd"].retain_loss, configs["t_gd"].retain_weight) == ("nll", 1.0)  # GradDiff's own term
+    params["unlearn"]["weightings"]["soft"]["tau"] = 1.0
+    moved = {name for name, cfg in configs.items() if run_configs(params, name)[0] != cfg}
+    assert moved == {"s_npo"}
+    assert run_spec(params, "s_npo") == {"retain_weight": 0.1, "r": 0.3, "beta": 0.3, "tau": 1.0,
+                                         "method": "npo", "weighting": "soft"}
+    params["unlearn"]["weightings"]["soft"]["tau"] = -1.0
+    with pytest.raises(ParamError, match=r"^unlearn.weightings.soft.tau=-1.0: must be positive$"):
+        run_configs(params, "s_npo")
+    params["unlearn"]["weightings"]["sotf"] = {}
+    with pytest.raises(ParamError, match=r"unlearn.weightings: unknown weighting\(s\) \['sotf'\]"):
+        run_configs(params, "npo")
 
 
 def test_corpus_unlearning_keeps_the_other_authors_passages(micro_world_dir, micro_model_dir, micro_tokenizer,

@@ -1,4 +1,4 @@
-"""Attribution variants (issue 17): the scores on hand-computed cases, the extra signals against direct
+"""Attribution variants: the scores on hand-computed cases, the extra signals against direct
 computations, the stage with every signal, and stage two reading a variant."""
 
 import json

@@ -1,8 +1,9 @@
 """The cached KL retain term against the exact one, run by run: retain ES, forget ES and model utility (mean ± sample
-std over the unlearning seeds) of the default pipeline (the reference cache's top-k) and of experiments/exact_kl
+std over the unlearning seeds) of the paper's sweep (the reference cache's top-k) and of experiments/exact_kl
 (θ_o held beside the trained model), their difference, and `*` where it exceeds the two standard deviations added.
 
-    python experiments/exact_kl/compare.py --cached artifacts/metrics/eval --exact artifacts/exact_kl/metrics/eval \
+    python experiments/exact_kl/compare.py --params configs/paper.yaml --overlay configs/exact-kl.yaml \
+        --cached artifacts/paper/metrics/eval --exact artifacts/exact_kl/metrics/eval \
         --out artifacts/exact_kl/comparison.md
 """
 
@@ -43,12 +44,14 @@ def table(cached_dir: Path, exact_dir: Path, runs: list[str]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cached", type=Path, required=True, help="the default pipeline's evaluation summaries")
+    p.add_argument("--cached", type=Path, required=True, help="the paper's sweep's evaluation summaries")
     p.add_argument("--exact", type=Path, required=True, help="experiments/exact_kl's evaluation summaries")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--params", default="params.yaml")
+    p.add_argument("--params", default="configs/paper.yaml")
+    p.add_argument("--overlay", action="append", default=[], metavar="FILE",
+                   help="an overlay file naming the runs compared (report.table), e.g. configs/exact-kl.yaml")
     args = p.parse_args()
-    runs = section(load_params(args.params, "exact_kl"), "report.table")
+    runs = section(load_params(args.params, args.overlay), "report.table")
     text = table(args.cached, args.exact, runs)
     with atomic_file(args.out) as f:
         f.write(text)

@@ -126,3 +126,13 @@ def compare_variants(choose: dict, report: dict, r_choice: float = 0.2) -> tuple
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines), metrics
+
+
+def headline_metrics(metrics: dict, r: float = 0.2) -> dict:
+    """The few numbers `dvc metrics show` lists for stage one: the counts, and how well φ finds the facts at the
+    paper's r = 0.2 (where the world has fact annotations and attribution.quality_r has r)."""
+    out = {k: metrics[k] for k in ("samples", "scored_tokens") if isinstance(metrics.get(k), int)}
+    phi = ((metrics.get("quality") or {}).get(f"r={r}") or {}).get("phi")
+    if phi:
+        out |= {"phi_precision": phi["precision"], "phi_recall": phi["recall"]}
+    return out

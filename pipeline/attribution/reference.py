@@ -37,6 +37,7 @@ from pipeline.common.modeling import check_vocab, decoder, lm_head_logits, load_
     tokenizer_hash
 from pipeline.common.numerics import LOG_TAIL_FLOOR, log1mexp
 from pipeline.common.params import Rule, at_least, check_rules, dataclass_from_params
+from pipeline.common.progress import progress
 from pipeline.data.batching import pad_batch
 from pipeline.data.config import DataConfig, retain_samples
 
@@ -110,7 +111,6 @@ def reference_rows(model, samples: list, sample_ids: list[int], pad_id: int, top
 def run_reference(cfg: ReferenceConfig, data: DataConfig, out_dir: Path, metrics_file: Path | None) -> dict:
     """Write the reference cache into `out_dir` (atomically): every process takes every world_size-th sample."""
     import torch.distributed as dist
-    from tqdm import tqdm
 
     rank, world_size = init_distributed()
     tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code)
@@ -134,8 +134,7 @@ def run_reference(cfg: ReferenceConfig, data: DataConfig, out_dir: Path, metrics
         writer = ShardWriter(tmp, f"part-r{rank:03d}", cfg.rows_per_shard, metadata, cache_schema(cfg.layers))
         order = sorted(mine, key=lambda i: len(samples[i]))  # similar lengths together: less padding
         positions = 0
-        for s in tqdm(range(0, len(order), cfg.batch_size), desc="reference", disable=not is_main_process(),
-                      mininterval=1.0):
+        for s in progress(range(0, len(order), cfg.batch_size), desc="reference", leave=True):
             ids = order[s: s + cfg.batch_size]
             for row in reference_rows(model, [samples[i] for i in ids], ids, tokenizer.pad_token_id, cfg.top_k,
                                       cfg.layers, cfg.chunk_size):

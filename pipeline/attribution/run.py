@@ -33,6 +33,7 @@ from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import check_vocab, load_model, load_tokenizer, model_hash, tokenizer_hash
 from pipeline.common.params import Rule, at_least, between, check_rules, dataclass_from_params, one_of
 from pipeline.common.paths import cache_dir
+from pipeline.common.progress import progress
 from pipeline.data.config import DataConfig
 from pipeline.data.templates import get_template
 from pipeline.data.tofu import count_duplicates, load_passages, load_split, read_json_records
@@ -271,7 +272,6 @@ def _row(x: AttributionInput, split: str, s, extra: dict) -> dict:
 
 def run_attribution(cfg: AttributionConfig, data: DataConfig, out_dir: Path, metrics_file: Path | None) -> dict:
     """Stage one: write `out_dir` (shards and manifest, atomically) and the counts and quality to `metrics_file`."""
-    from tqdm import tqdm
     import torch.distributed as dist
 
     rank, world_size = init_distributed()
@@ -315,8 +315,8 @@ def run_attribution(cfg: AttributionConfig, data: DataConfig, out_dir: Path, met
             from safetensors.torch import save_file
             save_file(scorer.state_dict(), str(tmp / "learned_scorer.safetensors"))
         local = {"samples": 0, "no_noun": 0, "scored_tokens": 0, "skipped": []}
-        bar = tqdm(total=len(range(rank, len(records), world_size)), desc=f"attribute {cfg.split}",
-                   disable=not is_main_process(), mininterval=1.0)
+        bar = progress(total=len(range(rank, len(records), world_size)), desc=f"attribute {cfg.split}",
+                       unit="sample", leave=True)
         window, skipped_seen = cfg.batch_size * 16, 0
         for inputs in iter_input_windows(cfg, data, records, tokenizer, tagger, mask_id, rank, world_size, window,
                                          local["skipped"]):

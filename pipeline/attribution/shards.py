@@ -1,6 +1,6 @@
 """Attribution shards: Parquet files of one row per sample with per-token list columns, and a manifest.
 
-A directory is valid only with its `manifest.json` (shard names, row counts, sha256), written last; readers
+A directory is valid only with its `_manifest.json` (shard names, row counts, sha256), written last; readers
 refuse a directory without one or whose files do not match it. Each shard is written to a temporary name and
 renamed, and the whole directory is built beside its target and renamed into place.
 """

@@ -1,4 +1,4 @@
-"""Attribution variants beyond the paper's φ (issue 17): named scores, and the extra signals stage one computes
+"""Attribution variants beyond the paper's φ: named scores, and the extra signals stage one computes
 for them.
 
 A variant is a base score with optional modifiers, written `base[+nocopy][+span]`, e.g. `phi+nocopy+span`.

@@ -52,10 +52,20 @@ def init_distributed() -> tuple[int, int]:
 
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "gloo" and os.environ.get("WORLD_SIZE") == "1":
+            _skip_shared_memory_op(deepspeed)
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     return dist.get_rank(), dist.get_world_size()
+
+
+def _skip_shared_memory_op(deepspeed) -> None:
+    """One CPU process exchanges nothing, yet DeepSpeed JIT-builds (about 30 s, then loads in about 6 s) and prints
+    its shared-memory collective op at every start: mark the op unavailable, so the process group is plain gloo."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def shutdown_distributed() -> None:

@@ -1,7 +1,7 @@
 """Reading `params.yaml`: every stage reads its section here, and a bad value names its key.
 
-A run's params are the file, then its overlays (sections of changes, `--overlay NAME`, in order), then the
-command line's overrides (`-S unlearn.train.lr=1e-4`, the syntax of `dvc exp run -S`). Unknown sections and
+A run's params are the file, then its overlays (files of changes, `--overlay configs/corpus.yaml`, in order), then
+the command line's overrides (`-S unlearn.train.lr=1e-4`, the syntax of `dvc exp run -S`). Unknown sections and
 unknown keys are errors, so a typo never runs with a default.
 """
 
@@ -20,8 +20,7 @@ from pipeline.common.errors import ParamError
 
 T = TypeVar("T")
 
-# The sections a params file may have. Any other top-level mapping must be an overlay: a mapping of changes
-# to these sections (e.g. `corpus:` or `tofu:` in the root params.yaml).
+# The sections a params file (or an overlay) may have.
 SECTIONS = ("world", "tokenizer", "data", "model", "finetune", "check", "attribution", "reference", "unlearn",
             "evaluate", "relearn", "report", "tune", "sweep", "seeds", "ladder")
 
@@ -44,30 +43,30 @@ def read_yaml(text: str):
     return yaml.load(text, Loader=_Loader)
 
 
-def load_params(path: str | Path = "params.yaml", overlays: str | Iterable[str] | None = None,
+def load_params(path: str | Path = "params.yaml", overlays: str | Path | Iterable[str | Path] | None = None,
                 overrides: Iterable[str] = ()) -> dict:
-    """The params file with its `overlays` applied in order (see `apply_overlay`), then the `overrides`
+    """The params file with its overlay files applied in order (see `apply_overlay`), then the `overrides`
     (`key.path=value`, the value read as YAML)."""
-    params = _read_params(Path(path))
+    params = _read_params(Path(path), "params file")
     check_sections(params, str(path))
-    for name in [overlays] if isinstance(overlays, str) else (overlays or ()):
-        params = apply_overlay(params, name, str(path))
+    for overlay in [overlays] if isinstance(overlays, (str, Path)) else (overlays or ()):
+        params = apply_overlay(params, overlay)
     for item in overrides:
         params = apply_override(params, item)
     return params
 
 
 def check_sections(params: dict, where: str = "params") -> None:
-    """Every top-level key is a known section, or an overlay whose keys are known sections."""
+    """Every top-level key is a known section."""
     for name, value in params.items():
         if name in SECTIONS:
             continue
-        if isinstance(value, dict) and value and all(k in SECTIONS and isinstance(v, dict) for k, v in value.items()):
-            continue  # an overlay: changes to sections
         close = [s for s in SECTIONS if _similar(name, s)]
+        if not close and isinstance(value, dict) and value and all(k in SECTIONS for k in value):
+            raise ParamError(f"{where}: '{name}' looks like an overlay (changes to sections); overlays are files: "
+                             f"move it to configs/{name}.yaml and pass --overlay configs/{name}.yaml")
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ParamError(f"{where}: unknown section '{name}'{hint}; sections are {list(SECTIONS)}, and an overlay "
-                         "is a mapping of changes to them")
+        raise ParamError(f"{where}: unknown section '{name}'{hint}; sections are {list(SECTIONS)}")
 
 
 def _similar(a: str, b: str) -> bool:
@@ -76,21 +75,45 @@ def _similar(a: str, b: str) -> bool:
     return difflib.SequenceMatcher(None, a, b).ratio() >= 0.75
 
 
-def apply_overlay(params: dict, name: str, where: str = "params") -> dict:
-    """A variant of the params: section `name` holds changes to the other sections, merged into them (a mapping
-    merges key by key; a list, scalar or null replaces), e.g. `corpus: {unlearn: {train: {epochs: 20}}}`."""
-    overlay = params.get(name)
-    if not isinstance(overlay, dict) or not overlay:
-        raise ParamError(f"{where}: no overlay section '{name}' (a mapping of the sections' changes)")
-    unknown = sorted(set(overlay) - set(params))
+def read_overlay(path: str | Path) -> dict:
+    """An overlay file: a mapping of changes to known sections (e.g. configs/corpus.yaml)."""
+    path = Path(path)
+    if not path.is_file():
+        guess = Path("configs") / f"{path.name}.yaml"
+        hint = f" (did you mean --overlay {guess}?)" if path.suffix == "" and guess.is_file() else \
+            " (an overlay is a YAML file of changes to the params' sections, e.g. configs/corpus.yaml)"
+        raise ParamError(f"--overlay {path}: no such file{hint}")
+    overlay = _read_params(path, "overlay")
+    unknown = sorted(set(overlay) - set(SECTIONS))
     if unknown:
-        raise ParamError(f"{where}: overlay '{name}' changes sections {unknown} that the params do not have")
+        raise ParamError(f"{path}: unknown section(s) {unknown}; an overlay changes the sections {list(SECTIONS)}")
+    return overlay
+
+
+def apply_overlay(params: dict, overlay: str | Path | dict, where: str | None = None) -> dict:
+    """The params with an overlay's changes merged in: a mapping merges key by key; a list, a scalar or null
+    replaces (null switches a mapping param off). `{}` over a non-empty mapping would merge nothing, so it is an
+    error that names null. `overlay`: a file, or its mapping (then `where` names it in errors)."""
+    if not isinstance(overlay, dict):
+        where, overlay = str(overlay), read_overlay(overlay)
+    _check_no_empty_merges(params, overlay, where or "overlay", [])
     return _merged(params, overlay)
+
+
+def _check_no_empty_merges(base: dict, changes: dict, where: str, keys: list[str]) -> None:
+    for key, value in changes.items():
+        old = base.get(key) if isinstance(base, dict) else None
+        if value == {} and isinstance(old, dict) and old:
+            dotted = ".".join(keys + [key])
+            raise ParamError(f"{where}: {dotted}: {{}} merges nothing into the mapping it overlays; to switch it off "
+                             f"write `{key}: null`, to replace it write the new mapping in full")
+        if isinstance(value, dict) and isinstance(old, dict):
+            _check_no_empty_merges(old, value, where, keys + [key])
 
 
 def apply_override(params: dict, item: str) -> dict:
     """`key.path=value`: set one param, as `dvc exp run -S` does; the value is read as YAML (`1e-4`, `[0, 1]`,
-    `{lr: 1e-4}`). The key's parent must exist; the key itself may be new (a new run, say)."""
+    `{lr: 1e-4}`, `null`). The key's parent must exist; the key itself may be new (a new run, say)."""
     key, sep, text = item.partition("=")
     if not sep or not re.fullmatch(r"[\w-]+(\.[\w-]+)*", key.strip()):
         raise ParamError(f"-S {item!r}: expected KEY.PATH=VALUE, e.g. -S unlearn.train.lr=1e-4")
@@ -119,11 +142,13 @@ def _merged(base: dict, changes: dict) -> dict:
     return out
 
 
-def _read_params(path: Path) -> dict:
+def _read_params(path: Path, kind: str) -> dict:
     try:
         params = read_yaml(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ParamError(f"{path}: params file not found") from None
+        raise ParamError(f"{path}: {kind} not found") from None
+    except IsADirectoryError:
+        raise ParamError(f"{path}: a directory, not a {kind}") from None
     except yaml.YAMLError as e:
         raise ParamError(f"{path}: malformed YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(params, dict):
@@ -166,7 +191,10 @@ def dataclass_from_params(cls: type[T], values: dict, where: str, origins: dict[
     if unknown:
         raise ParamError(f"{', '.join(key_of(k) for k in unknown)}: unknown parameter{'s' if len(unknown) > 1 else ''} "
                          f"(known: {sorted(fields)})")
-    for name, value in values.items():
+    values = dict(values)
+    for name, value in list(values.items()):
+        if value is None and fields[name].default_factory is dict:
+            values[name] = value = {}  # null switches a mapping param off (a LoRA spec, an attack), as {} does
         default = fields[name].default
         kinds = fields[name].metadata.get("types")  # a field that takes several kinds (a name or a mapping, say)
         if kinds is not None:

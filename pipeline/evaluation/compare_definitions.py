@@ -2,7 +2,7 @@
 and under TokenUnlearn's own options, side by side:
 
     python -m pipeline.evaluation.compare_definitions --target artifacts/models/target \\
-        --retain artifacts/models/retain [--params params.yaml] [--overlay NAME] [-S es_definition=strict] [--out DIR]
+        --retain artifacts/models/retain [--params params.yaml] [--overlay FILE] [-S es_definition=strict] [--out DIR]
 
 Each model is evaluated once per column with the params' `evaluate` section (no multiple choice): the first column
 with es_definition: open-unlearning and loss_dtype: float32, the second with the -S changes (default
@@ -78,7 +78,7 @@ def comparison_table(columns: dict[str, dict[str, dict]]) -> str:
 @click.option("--target", required=True, type=click.Path(exists=True), help="The target model's directory.")
 @click.option("--retain", required=True, type=click.Path(exists=True), help="The retain model's directory.")
 @click.option("--params", "params_file", default="params.yaml", show_default=True, type=click.Path(dir_okay=False))
-@click.option("--overlay", "overlays", multiple=True, metavar="SECTION", help="Params overlays, in order.")
+@click.option("--overlay", "overlays", multiple=True, metavar="FILE", help="Overlay files, in order.")
 @click.option("-S", "--set", "changes", multiple=True, metavar="KEY=VALUE", default=("es_definition=strict",),
               show_default=True, help="The second column's change to the evaluate section; repeatable.")
 @click.option("--out", type=click.Path(file_okay=False), help="Keep the evaluations here [a temporary directory].")

@@ -74,7 +74,7 @@ class EvalConfig:
     mc_batch_size: int = 16
     seed: int = 0                      # the world's MC sets: the order of the choices
     trust_remote_code: bool = False
-    # Is it forgotten or only hidden (README, the section of that name); each off when empty or false
+    # Is it forgotten or only hidden (docs/evaluation.md); each off when empty (null) or false
     mia: dict = field(default_factory=dict)        # membership inference: {holdout_split, k, attacks} (MIASpec)
     paraphrase: bool = False           # forget and retain answers also asked with TOFU's paraphrased questions
     quantize: dict = field(default_factory=dict)   # the quantization attack: {bits, group_size, method} (QuantizeSpec)
@@ -94,7 +94,7 @@ class EvalConfig:
             check_mc_spec(spec, f"{where}.multiple_choice.{name}")
         if cfg.mia and "forget" not in cfg.tofu_sets:
             raise ParamError(f"{where}.mia: membership inference scores the forget set: add forget to "
-                             f"{where}.tofu_sets, or set {where}.mia: {{}}")
+                             f"{where}.tofu_sets, or switch it off: {where}.mia: null")
         if cfg.mia:
             MIASpec.from_params(cfg.mia, f"{where}.mia")  # their checks, before any work
         if cfg.quantize:
@@ -340,6 +340,7 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
     forget quality and privleak (None: neither; `out_dir` itself: this is the retain model). `inputs`: already
     loaded by `load_inputs` (several models on the same inputs), else loaded here, before the model."""
     start = time.perf_counter()
+    log.info("evaluating %s", model_path)
     own_retain = _own_retain(out_dir, retain_dir)
     inputs = inputs or load_inputs(cfg, retain_dir, own_retain)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -370,7 +371,8 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
                               loss_dtype=cfg.loss_dtype)
         results[name], records[name] = result, _item_records(rows, result)
         summary[name] = {"n": len(rows), **{k: round(v, 6) for k, v in result.aggregates.items()}}
-        log.info("%s: %s", split, summary[name])
+        log.info("%s: %s", split, _set_line(summary[name]))
+        log.debug("%s: %s", split, summary[name])
 
     fq = None
     if "forget" in results:
@@ -440,6 +442,10 @@ def _paraphrase(model, tokenizer, template, inputs: EvalInputs, cfg: EvalConfig,
         summary[name]["para_rouge_l_recall"] = round(statistics.fmean(rouge), 6)
         summary[f"{name}_para_es"] = summary[name]["para_extraction_strength"]
         summary[f"{name}_para_rouge"] = summary[name]["para_rouge_l_recall"]
+    probed = [f"{name} ES {summary[f'{name}_para_es']:.3f}, ROUGE-L {summary[f'{name}_para_rouge']:.3f}"
+              for name in PROBED_SETS if f"{name}_para_es" in summary]
+    if probed:
+        log.info("paraphrased questions: %s", "; ".join(probed))
 
 
 def _summarise_mia(mia: MIAResult, retain_auc: dict[str, float] | None, own_retain: bool, summary: dict) -> None:
@@ -457,7 +463,10 @@ def _summarise_mia(mia: MIAResult, retain_auc: dict[str, float] | None, own_reta
         summary[f"mia_{attack}_auc"] = entry["auc"]
     if reference is not None and PRIVLEAK_ATTACK in summary["mia"]:
         summary["privleak"] = summary["mia"][PRIVLEAK_ATTACK]["privleak"]
-    log.info("membership inference: %s", summary["mia"])
+    aucs = ", ".join(f"{attack} {entry['auc']:.3f}" for attack, entry in summary["mia"].items())
+    leak = f"; privleak {summary['privleak']:.1f}" if "privleak" in summary else ""
+    log.info("MIA AUC: %s%s", aucs, leak)
+    log.debug("membership inference: %s", summary["mia"])
 
 
 def _mia_logs(mia: MIAResult | None, summary: dict) -> dict | None:
@@ -469,6 +478,7 @@ def _mia_logs(mia: MIAResult | None, summary: dict) -> dict | None:
 def _multiple_choice(model, tokenizer, template, inputs: EvalInputs, cfg: EvalConfig, summary: dict
                      ) -> dict[str, pa.Table]:
     tables: dict[str, pa.Table] = {}
+    accuracy: dict[str, float] = {}
     for set_name, (spec, items) in inputs.mc.items():
         scoring = spec.get("scoring", "letter")
         result = evaluate_mc(model, tokenizer, items, batch_size=cfg.mc_batch_size, scoring=scoring,
@@ -483,7 +493,14 @@ def _multiple_choice(model, tokenizer, template, inputs: EvalInputs, cfg: EvalCo
             "add_bos_token": spec.get("add_bos_token"), "max_length": result["max_length"],
             "by_subject": {s: {"n": g["n"], "accuracy": round(g["accuracy"], 6)}
                            for s, g in result["by_subject"].items()}}
-        log.info("multiple choice %s: accuracy %.4f over %d items", set_name, result["accuracy"], result["n"])
+        accuracy[set_name] = result["accuracy"]
+        log.debug("multiple choice %s: %s", set_name, summary["multiple_choice"][set_name])
+    # One line per entry of evaluate.multiple_choice, its sets named without the entry's name (world_forget: forget)
+    for name, spec in cfg.multiple_choice.items():
+        sets = [s for s in accuracy if inputs.mc[s][0] is spec]
+        if sets:
+            log.info("multiple choice %s (%s): %s", name, spec.get("scoring", "letter"), ", ".join(
+                f"{s.removeprefix(name + '_')} {accuracy[s]:.3f}" for s in sets))
     return tables
 
 
@@ -505,7 +522,23 @@ def _quantization_attack(model, model_path: str, tokenizer, template, inputs: Ev
             del quantized
         summary["quantization"][str(bits)] = {**probed, "weights": report}
         summary.update({f"q{bits}_{key}": value for key, value in probed.items()})
-        log.info("quantization attack, %d bits (%s): %s", bits, method, probed)
+        log.info("q%d (%s): %s", bits, method, _probe_line(probed))  # as the summary's q8_ keys
+        log.debug("quantization attack, %d bits (%s): %s", bits, method, probed)
+
+
+def _set_line(aggregates: dict) -> str:
+    """A TOFU set's headline numbers, for the log."""
+    return (f"ES {aggregates['extraction_strength']:.3f}, ROUGE-L {aggregates['rouge_l_recall']:.3f}, "
+            f"prob {aggregates['probability']:.3f}, truth ratio {aggregates['truth_ratio']:.3f}, n {aggregates['n']}")
+
+
+def _probe_line(probed: dict) -> str:
+    """A probe's headline numbers, for the log: forget ES (of the paraphrased questions too), retain ES and each
+    multiple-choice accuracy."""
+    labels = {"forget_es": "forget ES", "forget_para_es": "para ES", "retain_es": "retain ES"}
+    parts = [f"{label} {probed[key]:.3f}" for key, label in labels.items() if key in probed]
+    mc = [f"{key.removeprefix('mc_')} {value:.3f}" for key, value in probed.items() if key.startswith("mc_")]
+    return ", ".join(parts + (["MC " + ", ".join(mc)] if mc else []))
 
 
 # ---- several seeds of one run --------------------------------------------------------------------------------
@@ -544,3 +577,14 @@ def evaluate_path(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: P
     if metrics_file is not None:
         write_json(metrics_file, summary)  # creates its directory
     return summary
+
+
+# The numbers `dvc metrics show` lists per model: one short row each (the full summary has hundreds of keys).
+HEADLINE_KEYS = ("forget_es", "retain_es", "model_utility", "log10_forget_quality", "privleak")
+
+
+def headline_metrics(summary: dict) -> dict:
+    """The headline of an evaluation summary: HEADLINE_KEYS and each multiple-choice set's forget accuracy, where
+    evaluated (means over the seeds of a run)."""
+    keys = [*HEADLINE_KEYS, *sorted(k for k in summary if k.startswith("mc_") and k.endswith("_forget"))]
+    return {k: summary[k] for k in keys if isinstance(summary.get(k), (int, float))}

@@ -676,5 +676,5 @@ def evaluate_mc(model, tokenizer, items: list[MCItem], batch_size: int = 16, pad
     logprobs = score(model, tokenizer, items, template, add_bos_token=add_bos_token, batch_size=batch_size,
                      padding_side=padding_side, max_length=max_length, desc=desc)
     result = {**score_items(items, logprobs), "max_length": max_length}
-    log.info("multiple choice (%s): %d items, accuracy %.4f", scoring, result["n"], result["accuracy"])
+    log.debug("%s (%s): %d items, accuracy %.4f", desc, scoring, result["n"], result["accuracy"])
     return result

@@ -7,6 +7,8 @@ variant against its sequence-level method, and a run weighted by another attribu
 run with φ, and marks the differences larger than the two spreads together.
 Plots: forget quality against model utility per method, forget and retain ES per method, and the ablations
 (metrics against r, and against 1 − α).
+A sweep still under way gets a report of the runs evaluated so far: the others are named, with the command that
+makes them; only the target and the retain model (and at least one run) are required.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +24,8 @@ from pathlib import Path
 from pipeline.common.atomic import atomic_file
 from pipeline.common.errors import DataError
 from pipeline.common.plots import pyplot, save_figure
+
+log = logging.getLogger(__name__)
 
 # (summary key, column title); multiple-choice columns follow, one per `mc_*` key found.
 COLUMNS = [("retain_es", "retain ES ↑"), ("forget_es", "forget ES ↓"), ("model_utility", "MU ↑"),
@@ -37,6 +42,8 @@ ROBUSTNESS_COLUMNS = [
     ("q4_mc_world_forget", "forget MC, 4-bit ↓"), ("relearn_forget_mc_world_forget", "forget MC, relearned ↓"),
 ]
 WEIGHTING_PREFIX = {"uniform": "", "hard": "T-", "soft": "S-"}
+# The two models every report needs: their label and the DVC stage that evaluates them.
+REFERENCE_MODELS = {"target": ("before unlearning", "evaluate_target"), "retain": ("retain model", "evaluate_retain")}
 
 
 @dataclass
@@ -53,27 +60,53 @@ def paper_name(method: str, weighting: str) -> str:
     return f"{WEIGHTING_PREFIX.get(weighting, weighting + '-')}{'GradDiff' if method == 'graddiff' else method.upper()}"
 
 
-def load_rows(metrics_dir: Path, runs: dict[str, dict], defaults: dict, relearn_dir: Path | None = None) -> list[Row]:
-    """Target, retain, then each run of `runs` (a subset of `unlearn.runs`), from `metrics_dir/NAME.json`, with the
-    relearning attack's summary (`relearn_dir/NAME.json`, where there is one) as `relearn_*` keys."""
-    wanted = [("target", "before unlearning", "", "", "phi"), ("retain", "retain model", "", "", "phi")]
-    for name, run in runs.items():
-        spec = {**defaults, **run}
-        score = spec.get("score", "phi") if spec["weighting"] != "uniform" else "phi"
-        label = paper_name(spec["method"], spec["weighting"]) + (f" [{score}]" if score != "phi" else "")
-        wanted.append((name, label, spec["method"], spec["weighting"], score))
+def run_row(name: str, spec: dict, summary: dict) -> Row:
+    """A run's row from its flat spec (`unlearn.runs.NAME` over its method, weighting and the defaults)."""
+    method, weighting = spec.get("method", "ga"), spec.get("weighting", "uniform")
+    score = spec.get("score", "phi") if weighting != "uniform" else "phi"
+    label = paper_name(method, weighting) + (f" [{score}]" if score != "phi" else "")
+    return Row(name, label, method, weighting, summary, score)
+
+
+def read_summary(metrics_dir: Path, name: str, relearn_dir: Path | None = None) -> dict:
+    """`metrics_dir/NAME.json`, with the relearning attack's summary (`relearn_dir/NAME.json`, where there is one)
+    as `relearn_*` keys."""
+    summary = json.loads((metrics_dir / f"{name}.json").read_text())
+    relearned = relearn_dir / f"{name}.json" if relearn_dir is not None else None
+    if relearned is not None and relearned.is_file():
+        summary |= {f"relearn_{k}": v for k, v in json.loads(relearned.read_text()).items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return summary
+
+
+def missing_evaluations(metrics_dir: Path, names) -> list[str]:
+    """The runs of `names` with no evaluation yet (no `metrics_dir/NAME.json`), in order, each once."""
+    return [n for n in dict.fromkeys(names) if not (metrics_dir / f"{n}.json").is_file()]
+
+
+def missing_note(missing: list[str]) -> str:
+    """One line naming the runs not evaluated yet, and the command that makes them."""
+    return (f"Not evaluated yet, so not in this report: {', '.join(missing)}; make them with "
+            f"`dvc repro {' '.join(f'evaluate@{n}' for n in missing)}`.")
+
+
+def load_rows(metrics_dir: Path, runs: dict[str, dict], relearn_dir: Path | None = None) -> list[Row]:
+    """Target, retain, then each run of `runs` ({name: its flat spec}) that is evaluated, from
+    `metrics_dir/NAME.json` (see `read_summary`). The target's and the retain model's evaluations are required,
+    and at least one run's (where `runs` names any); runs not evaluated yet are left out (`missing_evaluations`)."""
     rows = []
-    for name, label, method, weighting, score in wanted:
-        file = metrics_dir / f"{name}.json"
-        if not file.is_file():
-            raise DataError(f"{file}: no evaluation of '{name}' (run `dvc repro` or `tokenunlearn evaluate {name}`)")
-        summary = json.loads(file.read_text())
-        relearned = relearn_dir / f"{name}.json" if relearn_dir is not None else None
-        if relearned is not None and relearned.is_file():
-            summary |= {f"relearn_{k}": v for k, v in json.loads(relearned.read_text()).items()
-                        if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        rows.append(Row(name, label, method, weighting, summary, score))
-    return rows
+    for name, (label, stage) in REFERENCE_MODELS.items():
+        if not (metrics_dir / f"{name}.json").is_file():
+            raise DataError(f"{metrics_dir / f'{name}.json'}: no evaluation of '{name}' (make it with "
+                            f"`dvc repro {stage}` or `tokenunlearn evaluate {name}`)")
+        rows.append(Row(name, label, "", "", read_summary(metrics_dir, name, relearn_dir)))
+    missing = missing_evaluations(metrics_dir, runs)
+    evaluated = [n for n in runs if n not in missing]
+    if runs and not evaluated:
+        first = next(iter(runs))
+        raise DataError(f"{metrics_dir / f'{first}.json'}: no evaluation of '{first}' nor of any other run of "
+                        f"the report ({len(runs)} runs); make them with `dvc repro` or `tokenunlearn evaluate NAME`")
+    return rows + [run_row(n, runs[n], read_summary(metrics_dir, n, relearn_dir)) for n in evaluated]
 
 
 def mc_keys(rows: list[Row]) -> list[str]:
@@ -89,8 +122,10 @@ def _fmt(value, std=None) -> str:
 
 
 def robustness_keys(rows: list[Row]) -> list[tuple[str, str]]:
-    """The robustness columns some row has."""
-    return [(k, t) for k, t in ROBUSTNESS_COLUMNS if any(r.summary.get(k) is not None for r in rows)]
+    """The robustness columns some row has; none where no attack ran (plain multiple choice is in the first
+    table already)."""
+    keys = [(k, t) for k, t in ROBUSTNESS_COLUMNS if any(r.summary.get(k) is not None for r in rows)]
+    return keys if any(not k.startswith("mc_") for k, _ in keys) else []
 
 
 def results_table(rows: list[Row], keys: list[tuple[str, str]] | None = None) -> tuple[str, str]:
@@ -113,14 +148,19 @@ def results_table(rows: list[Row], keys: list[tuple[str, str]] | None = None) ->
 def comparison_table(rows: list[Row], keys: list[tuple[str, str]] | None = None) -> str:
     """Token-level minus sequence-level per method and column, and another attribution score minus φ for the
     same method and weighting (Markdown); `*` marks a difference larger than the two standard deviations added,
-    the spread over seeds. With one seed there is no spread to compare with, so nothing is marked."""
+    the spread over seeds. With one seed there is no spread to compare with, so nothing is marked. A variant
+    whose baseline is not among the rows is named in a sentence after the table (instead of the table, where no
+    variant has its baseline)."""
     keys = keys or COLUMNS + [(k, k[3:] + " acc") for k in mc_keys(rows)]
     by_run = {(r.method, r.weighting, r.score): r for r in rows if r.method}
     lines = ["| variant − baseline | " + " | ".join(t for _, t in keys) + " |", "|" + "---|" * (len(keys) + 1)]
-    pairs = [(row, by_run.get((m, "uniform", "phi"))) for (m, w, _), row in by_run.items() if w != "uniform"]
-    pairs += [(row, by_run.get((m, w, "phi"))) for (m, w, score), row in by_run.items() if score != "phi"]
-    for row, base in pairs:
+    pairs = [(row, (m, "uniform", "phi")) for (m, w, _), row in by_run.items() if w != "uniform"]
+    pairs += [(row, (m, w, "phi")) for (m, w, score), row in by_run.items() if score != "phi"]
+    unmatched = []
+    for row, (m, w, _) in pairs:
+        base = by_run.get((m, w, "phi"))
         if base is None:
+            unmatched.append(f"{row.label} (against {paper_name(m, w)})")
             continue
         cells = []
         has_spread = min(len(row.summary.get("seeds", ())), len(base.summary.get("seeds", ()))) >= 2
@@ -132,7 +172,13 @@ def comparison_table(rows: list[Row], keys: list[tuple[str, str]] | None = None)
             spread = (row.summary.get(f"{key}_std") or 0) + (base.summary.get(f"{key}_std") or 0)
             cells.append(f"{a - b:+.3f}{' *' if has_spread and abs(a - b) > spread else ''}")
         lines.append(f"| {row.label} − {base.label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    if not pairs:
+        return "No token-level run or other attribution score among the evaluated runs: nothing to compare.\n"
+    table = "\n".join(lines) + "\n" if len(lines) > 2 else ""
+    if not unmatched:
+        return table
+    note = f"No comparison for {', '.join(unmatched)}: the baseline is not among the evaluated runs.\n"
+    return f"{table}\n{note}" if table else note
 
 
 @dataclass
@@ -145,17 +191,25 @@ class Ablation:
 ABLATION_AXES = {"r": ("r", lambda spec: spec["r"]), "alpha": ("1 − α", lambda spec: round(1 - spec["alpha"], 6))}
 
 
-def load_ablations(metrics_dir: Path, ablations: dict[str, list[str]], runs: dict, defaults: dict) -> list[Ablation]:
+def load_ablations(metrics_dir: Path, ablations: dict[str, list[str]], runs: dict[str, dict]) -> list[Ablation]:
+    """Each ablation of `report.ablations` over its evaluated runs (`runs`: every run's flat spec); one with fewer
+    than 2 evaluated runs is left out, with a log line."""
     out = []
     for name, names in ablations.items():
         if name not in ABLATION_AXES:
             raise DataError(f"report.ablations.{name}: unknown (choose from {sorted(ABLATION_AXES)})")
-        missing = [n for n in names if n not in runs]
-        if missing:
-            raise DataError(f"report.ablations.{name}: {missing} are not runs of unlearn.runs")
+        unknown = [n for n in names if n not in runs]
+        if unknown:
+            raise DataError(f"report.ablations.{name}: {unknown} are not runs of unlearn.runs")
         axis, value = ABLATION_AXES[name]
-        rows = load_rows(metrics_dir, {n: runs[n] for n in names}, defaults)[2:]
-        points = sorted(((value({**defaults, **runs[r.name]}), r) for r in rows), key=lambda p: p[0])
+        missing = missing_evaluations(metrics_dir, names)
+        evaluated = [n for n in names if n not in missing]
+        if len(evaluated) < 2:
+            log.warning("ablation of %s skipped: %d of its %d runs evaluated (not yet: %s)", axis, len(evaluated),
+                        len(names), ", ".join(missing))
+            continue
+        rows = [run_row(n, runs[n], read_summary(metrics_dir, n)) for n in evaluated]
+        points = sorted(((value(runs[r.name]), r) for r in rows), key=lambda p: p[0])
         out.append(Ablation(name, axis, points))
     return out
 
@@ -255,12 +309,17 @@ def plot_relearning(rows: list[Row], path: Path) -> None:
     save_figure(fig, path)
 
 
-def write_report(rows: list[Row], out_dir: Path, plots_dir: Path, ablations: list[Ablation] = ()) -> None:
+def write_report(rows: list[Row], out_dir: Path, plots_dir: Path, ablations: list[Ablation] = (),
+                 missing: list[str] = ()) -> None:
+    """results.md (its first line naming the `missing` runs, where some are not evaluated yet), results.csv and
+    the plots of the rows and ablations; every output directory is made, whatever the rows."""
     out_dir.mkdir(parents=True, exist_ok=True)
     plots_dir.mkdir(parents=True, exist_ok=True)
     markdown, table_csv = results_table(rows)
     robust = robustness_keys(rows)
     with atomic_file(out_dir / "results.md") as f:
+        if missing:
+            f.write(f"{missing_note(missing)}\n\n")
         f.write(markdown)
         f.write("\nToken level against sequence level (`*`: larger than the two standard deviations added; "
                 "never with one seed):\n\n")

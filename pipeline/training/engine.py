@@ -25,6 +25,7 @@ from pipeline.common.distributed import deepspeed_module, is_main_process
 from pipeline.common.errors import TokenUnlearnError
 from pipeline.common.errors import ParamError
 from pipeline.common.params import at_least, between, check_rules, dataclass_from_params, one_of, positive
+from pipeline.common.progress import progress
 from pipeline.training.lora import LoraSpec, apply_lora, is_adapter_param, is_peft
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class TrainConfig:
     offload_optimizer: bool = False       # ZeRO 1-3: optimizer state in CPU memory, stepped by DeepSpeed's CPU Adam
     offload_params: bool = False          # ZeRO-3: parameters in CPU memory, brought to the GPU layer by layer
     gradient_checkpointing: bool = False  # recompute each layer's activations in the backward pass
-    lora: dict = field(default_factory=dict, metadata={"types": (dict,)})  # LoRA adapters (lora.LoraSpec); {}: off
+    lora: dict = field(default_factory=dict, metadata={"types": (dict,)})  # LoRA adapters (lora.LoraSpec); null: off
 
     RULES = {
         "epochs": positive(), "max_steps": at_least(0), "lr": between(0, 1, lo_open=True, hi_open=True),
@@ -382,7 +383,6 @@ def train_loop(
     checkpoint keeps it.
     """
     import torch.distributed as dist
-    from tqdm import tqdm
 
     cfg = engine.cfg
     start, history = 0, []
@@ -393,8 +393,8 @@ def train_loop(
     else:
         clear_checkpoints(ckpt_dir)
         dist.barrier()
-    bar = tqdm(range(start, engine.total_steps), desc=desc, disable=not is_main_process(), dynamic_ncols=True,
-               initial=start, total=engine.total_steps, mininterval=1.0)
+    bar = progress(range(start, engine.total_steps), total=engine.total_steps, desc=desc, unit="step", initial=start,
+                   leave=True)
     for step in bar:
         started = time.perf_counter()
         metrics = engine.train_step(batches_for_step(step), loss_fn)

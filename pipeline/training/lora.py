@@ -45,7 +45,7 @@ class LoraSpec:
     def from_params(cls, values: dict, where: str) -> "LoraSpec | None":
         """`where`: the full key of the mapping (`unlearn.train.lora`); None for an empty mapping."""
         if not isinstance(values, dict):
-            raise ParamError(f"{where}={values!r}: expected a mapping such as {{r: 16, alpha: 32}} ({{}}: off)")
+            raise ParamError(f"{where}={values!r}: expected a mapping such as {{r: 16, alpha: 32}} (null: off)")
         if not values:
             return None
         spec = dataclass_from_params(cls, values, where)

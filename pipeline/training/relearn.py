@@ -134,7 +134,13 @@ def relearning_attack(model_path: str, probe: Probe, n_forget: int, cfg: Relearn
                                             f"{data.source}/{spec.split}", cfg.trust_remote_code)
         results[name] = {"split": spec.split, "rows": slices[name], "probe": probe(model, unseen),
                          "steps": len(history), "final_loss": history[-1]["loss"] if history else None}
-        log.info("relearn on %s (%d rows of %s, %d steps): %s", name, len(chosen), spec.split, len(history),
-                 results[name]["probe"])
+        probed = results[name]["probe"]
+        log.info("relearn on %s (%d rows of %s, %d steps): forget ES on unseen rows %s", name, len(chosen),
+                 spec.split, len(history), _number(probed.get("forget_es")))
+        log.debug("relearn on %s: %s", name, probed)
         del model
     return results
+
+
+def _number(value) -> str:
+    return f"{value:.3f}" if isinstance(value, (int, float)) else "–"

@@ -189,7 +189,8 @@ def tune_group(group: str, runs: dict, cfg: TuneConfig, unlearn_one: Callable, e
                                          if k in summary}}
             write_json(file, trial)
             shutil.rmtree(work)
-            log.info("tune %s lr %.2e: %s", name, lr, trial)
+            log.info("tune %s lr %.2e: forget ES %.3f, model utility %.3f", name, lr,
+                     trial.get("forget_es", float("nan")), trial.get("model_utility", float("nan")))
             return trial
 
         if cfg.search == "bisect":

@@ -62,7 +62,8 @@ class UnlearnConfig:
     beta: float = 0.1                  # NPO
     rmu_layer: int = 2                 # RMU: the layer whose output is steered (hidden_states index)
     rmu_steer: float = 6.5             # RMU: c
-    rmu_update_layers: list = field(default_factory=list)  # RMU: layers updated; empty: layer-2 .. layer
+    rmu_update_layers: list = field(default_factory=list)  # RMU: decoder layers updated; empty: the 3 below
+                                                           # rmu_layer (rmu_layer-3 .. rmu_layer-1)
     retain_batch_size: int = 0         # retain samples per micro-batch; 0: the forget micro-batch size
     retain_reference: str = "cache"    # θ_o for kl / activation: cache (`tokenunlearn reference`; no second model
                                        # in memory) | model (θ_o loaded beside the trained model, the exact KL)
@@ -102,15 +103,19 @@ class UnlearnConfig:
         return RETAIN_LOSSES[self.retain_loss] if self.retain_loss != "none" and self.retain_weight > 0 else None
 
 
-RUN_KEYS = ("model", "seeds", "train", "defaults", "runs", "monitor")  # the keys of the `unlearn` section
+RUN_KEYS = ("model", "seeds", "train", "defaults", "weightings", "methods", "runs", "monitor")  # `unlearn`'s keys
+OWN_RETAIN = "own retain term"  # the layer of a method's own retain term (GradDiff's), named in errors by the run
 
 
-def run_configs(params: dict, name: str) -> tuple[UnlearnConfig, TrainConfig]:
-    """Run NAME of `unlearn.runs`: its method config over `unlearn.defaults`, and its training config, which is
-    `unlearn.train` with the run's own `train:` overrides (a tuned learning rate, say). A method with its own
-    retain term (GradDiff: NLL, λ = 1) takes it unless the run itself sets `retain_loss` or `retain_weight`."""
+def _run_layers(params: dict, name: str) -> tuple[list[tuple[str, dict]], dict]:
+    """The mappings run NAME's config is merged from, lowest first, each with the key it sits at: `unlearn.defaults`
+    (every run), the method's own retain term (GradDiff), `unlearn.methods.METHOD` (its knobs: beta, gamma, ...),
+    `unlearn.weightings.WEIGHTING` (r, tau, alpha, score), then the run's own keys. Split this way, DVC tracks for
+    each run only the sections it reads: a change of tau reruns the soft runs alone. Also the run's `train:`."""
     check_keys(section(params, "unlearn"), RUN_KEYS, "unlearn")
     runs = section(params, "unlearn.runs")
+    if not isinstance(runs, dict):
+        raise ParamError(f"unlearn.runs: expected a mapping of run names, e.g. {{npo: {{method: npo}}}}")
     if name not in runs:
         raise ParamError(f"unlearn.runs: no run named '{name}' (have {sorted(runs)})")
     where = f"unlearn.runs.{name}"
@@ -118,18 +123,52 @@ def run_configs(params: dict, name: str) -> tuple[UnlearnConfig, TrainConfig]:
     if not isinstance(spec, dict):
         raise ParamError(f"{where}: expected a mapping such as {{method: ga, weighting: hard}}")
     spec = dict(spec)
-    overrides = spec.pop("train", {})
-    if not isinstance(overrides, dict):
+    train = spec.pop("train", None) or {}
+    if not isinstance(train, dict):
         raise ParamError(f"{where}.train: expected a mapping such as {{lr: 1.0e-4}}")
-    defaults = dict(section(params, "unlearn.defaults") or {})
-    origins = origins_of(**{"unlearn.defaults": defaults, where: spec})
-    method = METHODS.get(spec.get("method", defaults.get("method")))
-    if method is not None and method.own_retain:
-        for key, value in zip(("retain_loss", "retain_weight"), method.own_retain):
-            if key not in spec:
-                defaults[key] = value
-                origins[key] = f"{where}.{key} (the method's own)"
-    cfg = UnlearnConfig.from_params({**defaults, **spec}, where, origins)
+    unlearn = params["unlearn"]
+    defaults = _mapping(unlearn.get("defaults"), "unlearn.defaults")
+    method = spec.get("method", defaults.get("method", UnlearnConfig.method))
+    weighting = spec.get("weighting", defaults.get("weighting", UnlearnConfig.weighting))
+    layers = [("unlearn.defaults", defaults)]
+    own = METHODS[method].own_retain if method in METHODS else None
+    if own:
+        layers.append((OWN_RETAIN, {k: v for k, v in zip(("retain_loss", "retain_weight"), own) if k not in spec}))
+    for group, key, known in (("methods", method, METHODS), ("weightings", weighting, WEIGHTING)):
+        table = _mapping(unlearn.get(group), f"unlearn.{group}")
+        unknown = sorted(set(table) - set(known))
+        if unknown:
+            raise ParamError(f"unlearn.{group}: unknown {group[:-1]}(s) {unknown} (known: {sorted(known)})")
+        layers.append((f"unlearn.{group}.{key}", _mapping(table.get(key), f"unlearn.{group}.{key}")))
+    layers.append((where, spec))
+    return layers, train
+
+
+def _mapping(value, where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ParamError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def run_spec(params: dict, name: str) -> dict:
+    """Run NAME's flat config, as unlearning reads it (method, weighting, r, tau, alpha, score, beta, ...): what a
+    report or `inspect --run` needs to know of a run, without checking it."""
+    layers, _ = _run_layers(params, name)
+    return {k: v for _, layer in layers for k, v in layer.items()}
+
+
+def run_configs(params: dict, name: str) -> tuple[UnlearnConfig, TrainConfig]:
+    """Run NAME of `unlearn.runs`: its method config (`_run_layers`), and its training config, which is
+    `unlearn.train` with the run's own `train:` overrides (a tuned learning rate, say). A method with its own
+    retain term (GradDiff: NLL, λ = 1) takes it unless the run itself sets `retain_loss` or `retain_weight`."""
+    layers, overrides = _run_layers(params, name)
+    where = f"unlearn.runs.{name}"
+    origins: dict[str, str] = {}
+    for at, layer in layers:
+        origins |= {key: f"{where}.{key} (the method's own)" if at is OWN_RETAIN else f"{at}.{key}" for key in layer}
+    cfg = UnlearnConfig.from_params(run_spec(params, name), where, origins)
     base = section(params, "unlearn.train")
     train_origins = origins_of(**{"unlearn.train": base, f"{where}.train": overrides})
     train = TrainConfig.from_params({**base, **overrides}, f"{where}.train", train_origins)

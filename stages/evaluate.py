@@ -51,10 +51,10 @@ def _headline(summary: dict) -> str:
     several = len(summary.get("seeds", [])) > 1  # one seed has no spread to show
     parts = [f"{label} {summary[key]:.3f}" + (f" ± {summary[key + '_std']:.3f}" if several else "")
              for key, label in labels.items() if key in summary]
-    if "seeds" in summary:
+    if several:
         parts.append(f"{len(summary['seeds'])} seeds")
     if "seconds" in summary:
-        parts.append(f"{summary['seconds']:.0f} s" + (" per seed" if "seeds" in summary else ""))
+        parts.append(f"{summary['seconds']:.0f} s" + (" per seed" if several else ""))
     return ", ".join(parts)
 
 

@@ -6,7 +6,7 @@ heading of the same or a higher level). The block's content is replaced by the f
 is written by hand from those numbers. A missing output is an error naming it, and the file is written whole or
 not at all.
 
-    python experiments/paste_tables.py RESULTS.md          # after make demo / make seeds (their report stages)
+    python experiments/paste_tables.py RESULTS.md          # after the pipelines that write them (make demo, ...)
     python experiments/paste_tables.py RESULTS.md --check  # exit 1 if a block differs from its output
 """
 

@@ -1,6 +1,5 @@
 """`tokenunlearn`: one subcommand per DVC stage (and `sweep`); each a thin wrapper: read params, call `pipeline`."""
 
-import errno
 import logging
 import os
 import sys
@@ -8,7 +7,7 @@ import sys
 import click
 
 from pipeline.common.distributed import shutdown_distributed
-from pipeline.common.errors import TokenUnlearnError
+from pipeline.common.errors import TokenUnlearnError, system_error
 from pipeline.common.reproducible import pin_threads
 
 from . import (attribute, check_models, code_deps, compare_attribution, evaluate, finetune, inspect, reference, relearn,
@@ -36,10 +35,6 @@ for command in (world.command, tokenizer.command, finetune.command, check_models
                 compare_attribution.command, relearn.command, sweep.command, code_deps.command):
     cli.add_command(command)
 
-SYSTEM_ERRNOS = {  # errors of the machine, not of the code: one line each, as the user's errors
-    errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded", errno.EACCES: "permission denied",
-    errno.EROFS: "read-only file system"}
-
 
 def _end_progress_bars() -> None:
     """Close the bars a failed stage left open, so its error starts on a line of its own."""
@@ -56,18 +51,11 @@ def _error(message: str) -> None:
 
 def run(args: list[str] | None = None) -> int:
     """Run the command line and return its exit status: 0, 2 for an error of the user's input or machine (printed
-    as one line, nothing half-written), 1 for an abort."""
+    as one line, nothing half-written), 1 for an abort or an unexpected error (one line; its traceback with -v)."""
     try:
         cli.main(args=args, prog_name="tokenunlearn", standalone_mode=False)
     except TokenUnlearnError as e:
         _error(str(e))
-        return 2
-    except OSError as e:
-        if e.errno not in SYSTEM_ERRNOS or "-v" in (args or sys.argv) or "--verbose" in (args or sys.argv):
-            raise
-        where = f"{e.filename}: " if e.filename else ""
-        _error(f"{where}{SYSTEM_ERRNOS[e.errno]} ({e.strerror}); the stage stopped and left no half-written "
-               "output: free space (or fix the permission) and run it again")
         return 2
     except click.exceptions.Abort:
         click.echo("Aborted!", err=True)
@@ -75,6 +63,18 @@ def run(args: list[str] | None = None) -> int:
     except click.ClickException as e:
         e.show()
         return e.exit_code
+    except Exception as e:  # noqa: BLE001 - the last line of defence: no traceback reaches a user without -v
+        if {"-v", "--verbose"} & set(args if args is not None else sys.argv):
+            raise
+        system = system_error(e)
+        if system:
+            _error(f"{system}; the stage stopped and left no half-written output: free space (or fix the "
+                   "permission) and run it again")
+            return 2
+        message = (str(e).strip().splitlines() or [""])[0][:300]
+        _error(f"unexpected {type(e).__name__}: {message} (a bug, or an input no check caught: run again with -v "
+               "for the traceback, and please report it)")
+        return 1
     return 0
 
 

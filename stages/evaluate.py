@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from pipeline.common.atomic import hold_outputs, write_json
+from pipeline.common.atomic import hold_outputs
+from pipeline.evaluation.eval_io import write_strict_json
 from pipeline.evaluation.evaluate import eval_config, evaluate_path, headline_metrics
 from pipeline.evaluation.open_unlearning import export_evaluation
 
@@ -40,7 +41,7 @@ def command(name, params: dict, model_path, out, metrics, retain_results, headli
         summary = evaluate_path(model_path, cfg, out_dir, Path(retain_results) if retain_results else None,
                                 metrics_file, name)
         if headline:
-            write_json(headline, headline_metrics(summary))
+            write_strict_json(headline, headline_metrics(summary))
     log.info("evaluate %s: %s; wrote %s", name, _headline(summary), metrics_file)
 
 

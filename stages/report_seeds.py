@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from pipeline.common.atomic import atomic_file, hold_outputs, write_json
+from pipeline.common.atomic import atomic_file, hold_outputs
+from pipeline.evaluation.eval_io import write_strict_json
 from pipeline.common.errors import ParamError
 from pipeline.common.params import check_keys, section
 from pipeline.evaluation.report import paper_name
@@ -68,7 +69,7 @@ def command(params: dict, root, experiment, out) -> None:
             f.write(table_csv)
         with atomic_file(out_dir / "comparisons.csv") as f:
             f.write(comp_csv)
-        write_json(out_dir / "comparisons.json", {"level": level, "comparisons": len(results), "verdicts": counts,
+        write_strict_json(out_dir / "comparisons.json", {"level": level, "comparisons": len(results), "verdicts": counts,
                                                   "model_seeds": model_seeds, "unlearn_seeds": unlearn_seeds,
                                                   "results": results})
     log.info("report-seeds: %d comparisons (%s) in %s/results.md", len(results), json.dumps(counts), out)

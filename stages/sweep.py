@@ -1,16 +1,16 @@
 """`tokenunlearn sweep`: a DVC pipeline's chosen stages on Ray (params: sweep), recorded in dvc.lock."""
 
-import json
 import logging
 from pathlib import Path
 
 import click
 
-from pipeline.common.errors import DataError, TokenUnlearnError
-from pipeline.common.params import check_keys, section
+from pipeline.common.errors import TokenUnlearnError
+from pipeline.common.params import check_keys, load_params, section
 from pipeline.sweep.ledger import DvcLedger
-from pipeline.sweep.plan import downstream_closure, plan_from_dvc, read_plan, resources_table, write_plan
-from pipeline.sweep.runner import run_sweep
+from pipeline.sweep.plan import (downstream_closure, plan_from_dvc, read_plan, refuse_unseen_changes, resources_table,
+                                 write_plan)
+from pipeline.sweep.runner import record_outcome, run_sweep
 
 from .options import params_options
 
@@ -34,19 +34,18 @@ log = logging.getLogger(__name__)
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Run this plan file, without DVC (nothing recorded: see --record).")
 @click.option("--record", type=click.Path(dir_okay=False, path_type=Path),
-              help="Only record in dvc.lock the stages a --plan run finished (its sweep.json), where DVC is.")
+              help="Only record in dvc.lock the stages a --plan run finished (its sweep.json), where DVC is; a "
+                   "stage whose "
+                   "command, params or inputs changed since --write-plan is refused.")
 def command(pipeline, patterns, params, address, workers, first, force, log_dir, plan_out, plan_file, record):
     """Run PIPELINE's stages matching PATTERNS ('unlearn@*' report) on Ray, each as soon as those it needs are
     done, and record them in dvc.lock as `dvc repro` would."""
     root = Path.cwd()
+    given = click.get_current_context().params
+    refuse_unseen_changes(load_params(given["params_file"]), params, given["overrides"], given["overlays"],
+                          given["params_file"], reads_params=not (record or plan_file))
     if record:
-        try:
-            stages = json.loads(record.read_text())["stages"]
-        except (OSError, ValueError, KeyError) as e:
-            raise DataError(f"{record}: not a sweep's sweep.json: {e}") from None
-        done = [s["stage"] for s in stages.values() if s["status"] == "done"]
-        DvcLedger(root).record(done)
-        log.info("recorded %d stages in dvc.lock", len(done))
+        record_outcome(record, DvcLedger(root))
         return
     if plan_file:
         plan, ledger = read_plan(plan_file), None
@@ -60,7 +59,9 @@ def command(pipeline, patterns, params, address, workers, first, force, log_dir,
             raise click.UsageError("--write-plan asks DVC what to run: give a pipeline and patterns, not --plan")
         stale = {e["stage"] for e in plan} if force else ledger.stale([e["stage"] for e in plan])
         todo = downstream_closure(plan, {e["name"] for e in plan if e["stage"] in stale})
-        write_plan([e for e in plan if e["name"] in todo], plan_out)
+        chosen = [e for e in plan if e["name"] in todo]
+        marks = ledger.fingerprints([e["stage"] for e in chosen])  # for --record to check each stage is still this
+        write_plan([{**e, "fingerprint": marks[e["stage"]]} for e in chosen], plan_out)
         log.info("%d of %d stages to run, written to %s", len(todo), len(plan), plan_out)
         return
     result = run_sweep(plan, root, log_dir, address=address, workers=workers, first=first, ledger=ledger,

@@ -16,7 +16,7 @@ from pipeline.common.distributed import init_distributed
 from pipeline.common.params import section
 from pipeline.data.config import DataConfig
 from pipeline.evaluation.monitor import monitor_from_params
-from pipeline.training.unlearn import run_configs, run_unlearn_seeds
+from pipeline.training.unlearn import check_seeds, run_configs, run_unlearn_seeds
 
 from .options import chosen_lr, params_options, reference_option, shards_option
 
@@ -64,12 +64,13 @@ def command(name, params: dict, shards, reference, out, checkpoints, plots, seed
         if monitor else None
     if monitor is None and monitor_plots:  # monitor off: the output a DVC stage declares is there, and empty
         Path(monitor_plots).mkdir(parents=True, exist_ok=True)
+    seeds = check_seeds(list(seeds) or section(params, "unlearn.seeds"))
     init_distributed()
     with hold_outputs(out_dir, ckpt_dir):
         summaries = run_unlearn_seeds(name, cfg, train, data, str(section(params, "unlearn.model")), Path(shards),
-                                      out_dir, ckpt_dir, plots_dir, list(seeds or section(params, "unlearn.seeds")),
+                                      out_dir, ckpt_dir, plots_dir, seeds,
                                       resume, Path(reference) if reference else None, monitor, monitor_dir)
-    for seed, summary in zip(seeds or section(params, "unlearn.seeds"), summaries):
+    for seed, summary in zip(seeds, summaries):
         log.debug("unlearn %s seed %d: %s", name, seed, json.dumps(summary))
         if summary.get("skipped"):  # logged as it was skipped
             continue

@@ -96,7 +96,7 @@ def test_readers_refuse_incomplete_or_altered_directories(attribution_dir, tmp_p
 
 def test_corpus_mode_on_biographies(micro_world_dir, micro_model_dir, tmp_path):
     cfg = _config(micro_model_dir, mode="corpus", corpus=str(micro_world_dir / "biographies.json"))
-    summary = run_attribution(cfg, DataConfig(source=str(micro_world_dir), max_length=256), tmp_path / "c", None)
+    summary = run_attribution(cfg, DataConfig(source=str(micro_world_dir), max_length=128), tmp_path / "c", None)
     rows = read_table(tmp_path / "c").to_pylist()
     assert summary["samples"] == len(rows) == 1  # one forget10 author in the micro world
     assert rows[0]["scored"][0] is False and all(rows[0]["scored"][1:])

@@ -52,6 +52,18 @@ def test_stages_matching_first_start_before_the_others(local_ray, tmp_path):
     assert (tmp_path / "order.txt").read_text().split() == ["long", "a", "b"]
 
 
+def test_a_rerun_never_truncates_a_log_another_process_still_writes(local_ray, tmp_path):
+    """A process of an earlier run (an orphan, a second sweep) still writing a stage's log: the new run's log is a
+    new file, so the old writer's offset cannot leave NUL bytes in it, and neither run's lines mix."""
+    (tmp_path / "logs").mkdir()
+    with open(tmp_path / "logs" / "a.log", "a") as old:
+        old.write("old line\n" * 100)
+        old.flush()
+        run_sweep([_entry("a", "echo new")], tmp_path, tmp_path / "logs")
+        old.write("old still writing\n")
+    assert (tmp_path / "logs" / "a.log").read_bytes() == b"new\n"
+
+
 def test_a_stage_no_node_can_hold_is_an_error_before_anything_runs(local_ray, tmp_path):
     plan = [_entry("evaluate@npo", "touch ran.txt", gpus=1)]
     with pytest.raises(ParamError, match=r"sweep.resources.evaluate.gpus=1: stage 'evaluate@npo'.*0 GPU"):

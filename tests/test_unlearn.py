@@ -176,7 +176,7 @@ def test_corpus_unlearning_keeps_the_other_authors_passages(micro_world_dir, mic
     from pipeline.data.tofu import read_json_records
 
     biographies = micro_world_dir / "biographies.json"
-    data = DataConfig(source=str(micro_world_dir), max_length=256)
+    data = DataConfig(source=str(micro_world_dir), max_length=128)
     cfg = UnlearnConfig.from_params({"method": "npo", "weighting": "hard", "retain_corpus": str(biographies)}, "u")
     retain = load_retain(cfg, data, micro_tokenizer, "forget10")
     passages = read_json_records(biographies)

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.attribution.shards import iter_rows, read_manifest
+from pipeline.attribution.shards import check_shards, column_types, read_manifest
 from pipeline.attribution.variants import require_columns, score_columns, variant_score
 from pipeline.attribution.weights import hard_weights, soft_weights
 from pipeline.common.errors import DataError
@@ -23,27 +24,57 @@ from pipeline.common.params import section
 log = logging.getLogger(__name__)
 
 ATTRIBUTION_COLUMNS = ("sample_id", "input_ids", "scored", "delta", "entropy")  # what every view reads
+# What the views read besides (the token's text and the masked prefix); the per-token lists of each row.
+VIEW_COLUMNS = (*ATTRIBUTION_COLUMNS, "split", "text", "token_start", "token_end", "masked", "fact")
+TOKEN_LISTS = ("scored", "delta", "entropy", "token_start", "token_end", "masked", "fact")
 HARD, SOFT = "unlearn.weightings.hard", "unlearn.weightings.soft"  # where stage two's r, τ and α are set
 
 
-def attribution_manifest(shard_dir) -> dict:
-    """The manifest of an attribution directory; one clear error for any other directory of shards (the reference
-    cache, say), naming it."""
-    manifest = read_manifest(shard_dir, verify=False)
-    if manifest["shards"]:
-        columns = pq.read_schema(Path(shard_dir) / manifest["shards"][0]["name"]).names
+def attribution_manifest(shard_dir, verify: bool = False) -> dict:
+    """The manifest of an attribution directory, every shard's columns and row count checked before a view reads
+    them (`check_shards`); one clear error for any other directory of shards (the reference cache, say), naming
+    it."""
+    manifest = read_manifest(shard_dir, verify=verify)
+    kind = manifest.get("metadata", {}).get("kind")  # another stage's shards (attribution's have no kind)
+    if manifest["shards"] and kind is not None:
+        try:
+            columns = pq.read_schema(Path(shard_dir) / manifest["shards"][0]["name"]).names
+        except (pa.ArrowException, OSError):  # unreadable: check_shards says so, naming the file
+            columns = ATTRIBUTION_COLUMNS
         missing = [c for c in ATTRIBUTION_COLUMNS if c not in columns]
         if missing:
-            kind = manifest.get("metadata", {}).get("kind", "other")
             raise DataError(f"{shard_dir}: not attribution shards (a {kind} directory: no {', '.join(missing)} "
                             "columns); point it at `tokenunlearn attribute`'s output, e.g. artifacts/attribution")
+    check_shards(shard_dir, manifest, column_types(VIEW_COLUMNS), "; rerun `attribute`")
     return manifest
 
 
+def check_row(row: dict, file: Path) -> None:
+    """A row's per-token lists are as long as its tokens: a view indexes one by another's positions, so an edited
+    shard would otherwise fail with an IndexError, or show another token's value."""
+    n = len(row["input_ids"] or [])
+    for name in TOKEN_LISTS:
+        if row[name] is None and name != "fact":  # fact: null where the data has no ground truth
+            raise DataError(f"{file}: sample {row['sample_id']}: column {name} is null; rerun `attribute`")
+        if row[name] is not None and len(row[name]) != n:
+            raise DataError(f"{file}: sample {row['sample_id']}: column {name} has {len(row[name])} values for {n} "
+                            "tokens; rerun `attribute`")
+
+
 def iter_samples(shard_dir) -> Iterator[dict]:
-    """The rows of an attribution directory, shard by shard, reading only the shards its manifest lists."""
-    attribution_manifest(shard_dir)
-    return iter_rows(shard_dir)
+    """The rows of an attribution directory, shard by shard, reading only the shards its manifest lists (each
+    checked against its sha256), every row checked (`check_row`)."""
+    manifest = attribution_manifest(shard_dir, verify=True)  # here, not at the first row: errors come at once
+
+    def rows() -> Iterator[dict]:
+        for shard in manifest["shards"]:
+            file = Path(shard_dir) / shard["name"]
+            for batch in pq.ParquetFile(file).iter_batches(batch_size=256):
+                for row in batch.to_pylist():
+                    check_row(row, file)
+                    yield row
+
+    return rows()
 
 
 def find_sample(shard_dir, sample_id: int) -> dict:
@@ -173,7 +204,7 @@ def token_scores(shard_dir, r: float = 0.2, tau: float = 0.5, alpha: float = 0.7
 
     tokenizer = shards_tokenizer(attribution_manifest(shard_dir), tokenizer)
     records = []
-    for row in iter_rows(shard_dir):
+    for row in iter_samples(shard_dir):
         for t in token_table(row, alpha, r, tau, score=score):
             token_id = row["input_ids"][t["position"]]
             records.append({"sample_id": row["sample_id"], "position": t["position"], "token_id": token_id, **t})

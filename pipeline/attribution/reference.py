@@ -29,10 +29,10 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline import __version__
-from pipeline.attribution.shards import ShardInfo, ShardWriter, read_manifest, shard_files, write_manifest
+from pipeline.attribution.shards import MANIFEST, ShardInfo, ShardWriter, check_shard, read_manifest, write_manifest
 from pipeline.common.atomic import atomic_dir, write_json
 from pipeline.common.distributed import broadcast_from_main, init_distributed, is_main_process
-from pipeline.common.errors import DataError
+from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import check_vocab, decoder, lm_head_logits, load_model, load_tokenizer, model_hash, \
     tokenizer_hash
 from pipeline.common.numerics import LOG_TAIL_FLOOR, log1mexp
@@ -42,6 +42,10 @@ from pipeline.data.batching import pad_batch
 from pipeline.data.config import DataConfig, retain_samples
 
 log = logging.getLogger(__name__)
+
+KIND = "retain_reference"  # the manifest's metadata kind of a reference cache
+LOGP_TOLERANCE = 1e-4      # a log-probability above this is no probability (rounding allows a little above 0)
+RERUN = "rerun `tokenunlearn reference`"
 
 
 def topk_reference(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -118,16 +122,21 @@ def run_reference(cfg: ReferenceConfig, data: DataConfig, out_dir: Path, metrics
     device = torch.device(f"cuda:{torch.cuda.current_device()}") if torch.cuda.is_available() else torch.device("cpu")
     dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
     model = load_model(cfg.model, dtype=dtype, trust_remote_code=cfg.trust_remote_code).to(device).eval()
-    check_vocab(model, tokenizer, cfg.model)
+    check_vocab(model, tokenizer, cfg.model, data.max_length)
+    vocab_size = model.config.vocab_size
+    if cfg.top_k > vocab_size:  # else the cache is written and the first unlearn run fails on it
+        raise ParamError(f"reference.top_k={cfg.top_k}: more than the {vocab_size} tokens of {cfg.model}'s "
+                         f"vocabulary; at most {vocab_size}")
     n_layers = model.config.num_hidden_layers
     bad = [L for L in cfg.layers if L > n_layers]
     if bad:
         raise DataError(f"reference.layers={cfg.layers}: {cfg.model} has hidden_states 0..{n_layers}")
-    metadata = {"schema_version": 1, "kind": "retain_reference", "model": cfg.model,
+    metadata = {"schema_version": 1, "kind": KIND, "model": cfg.model,
                 "model_hash": model_hash(model, cfg.model), "tokenizer_hash": tokenizer_hash(tokenizer),
                 "template": data.template, "split": cfg.split, "corpus": cfg.corpus, "forget_split": cfg.forget_split,
                 "top_k": cfg.top_k, "layers": sorted(cfg.layers), "hidden_size": model.config.hidden_size,
-                "samples_fingerprint": samples_fingerprint(samples), "code_version": __version__}
+                "vocab_size": vocab_size, "samples_fingerprint": samples_fingerprint(samples),
+                "code_version": __version__}
     mine = list(range(rank, len(samples), world_size))
     with atomic_dir(out_dir) if is_main_process() else contextlib.nullcontext() as tmp:
         tmp = Path(broadcast_from_main(str(tmp) if tmp else None))
@@ -175,9 +184,30 @@ class ReferenceCache:
 
     @classmethod
     def load(cls, cache_dir: str | Path) -> "ReferenceCache":
-        manifest = read_manifest(cache_dir)  # checks every shard's sha256
-        tables = [pq.read_table(f, memory_map=True) for f in shard_files(cache_dir, verify=False)]
-        return cls(pa.concat_tables(tables), manifest["metadata"], str(cache_dir))
+        """The cache of `run_reference`'s directory, every shard validated before use (`check_cache_metadata`,
+        `check_shard`, `check_cache_values`): the retain term trusts its values, so a foreign, truncated or edited
+        cache must be refused here, not trained on."""
+        cache_dir = Path(cache_dir)
+        manifest = read_manifest(cache_dir)  # shard names confined to cache_dir; every shard's sha256
+        meta = check_cache_metadata(manifest, cache_dir)
+        schema = cache_schema(meta["layers"])
+        hint = f"; {RERUN}"
+        tables = []
+        for shard in manifest["shards"]:
+            file = cache_dir / shard["name"]
+            check_shard(file, dict(zip(schema.names, schema.types)), shard["rows"], hint)
+            table = pq.read_table(file, columns=schema.names, memory_map=True)
+            check_cache_values(table, meta, file)
+            tables.append(table)
+        table = pa.concat_tables(tables) if tables else schema.empty_table()
+        samples = (manifest.get("summary") or {}).get("samples", table.num_rows)
+        if samples != table.num_rows:  # a shard dropped from the manifest (and its row counts rewritten)
+            raise DataError(f"{cache_dir / MANIFEST}: its shards hold {table.num_rows} samples, its summary says "
+                            f"{samples}: the cache is incomplete; {RERUN}")
+        ids = table.column("sample_id").to_numpy()
+        if len(np.unique(ids)) != len(ids):
+            raise DataError(f"{cache_dir}: sample {_first_duplicate(ids)} is in the reference cache twice; {RERUN}")
+        return cls(table, meta, str(cache_dir))
 
     @classmethod
     def build(cls, model, samples: list, sample_ids: list[int], pad_id: int, top_k: int, layers: list[int],
@@ -189,6 +219,7 @@ class ReferenceCache:
                 for row in reference_rows(model, [samples[i] for i in sample_ids[s: s + batch_size]],
                                           sample_ids[s: s + batch_size], pad_id, top_k, layers, chunk_size)]
         model.train(was_training)
+        top_k = min(top_k, model.config.vocab_size)  # what topk_reference keeps: the batches' width
         meta = {"top_k": top_k, "layers": sorted(layers), "hidden_size": model.config.hidden_size}
         return cls(pa.Table.from_pylist(rows, schema=cache_schema(layers)), meta, "the run's own reference pass")
 
@@ -199,21 +230,32 @@ class ReferenceCache:
         values, offsets = self.columns[name]
         return values[offsets[row]: offsets[row + 1]]
 
-    def check(self, samples: list, where: str, model_hash_: str | None, layer: int | None) -> None:
-        """Refuse a cache of other retain data or another model, or without the activations of `layer`."""
+    def check(self, samples: list, where: str, model_hash_: str | None, layer: int | None,
+              vocab_size: int | None = None) -> None:
+        """Refuse a cache of other retain data or another model, or without the activations of `layer`, or (with
+        the model's `vocab_size`) with token ids outside its vocabulary."""
         if model_hash_ is not None and self.meta.get("model_hash") != model_hash_:
             raise DataError(f"{self.where}: the reference cache was made with another model (model_hash "
-                            f"{self.meta.get('model_hash')}, here {model_hash_}): rerun `tokenunlearn reference`")
-        if len(samples) != len(self) or samples_fingerprint(samples) != self.meta.get("samples_fingerprint"):
-            first = next((i for i, s in enumerate(samples) if i not in self.index or
-                          list(s.input_ids) != self._values("input_ids", self.index[i]).tolist()), len(self))
+                            f"{self.meta.get('model_hash')}, here {model_hash_}): {RERUN}")
+        # The rows themselves, not only the fingerprint the metadata records: an edited cache can keep that.
+        first = next((i for i, s in enumerate(samples) if i not in self.index or
+                      not np.array_equal(np.asarray(s.input_ids), self._values("input_ids", self.index[i]))),
+                     None)
+        if len(samples) != len(self) or first is not None or \
+                samples_fingerprint(samples) != self.meta.get("samples_fingerprint"):
+            first = first if first is not None else min(len(samples), len(self))
             raise DataError(f"{self.where}: the reference cache holds other retain data than {where} ({len(self)} "
                             f"samples of {self.meta.get('corpus') or self.meta.get('split')}, here {len(samples)}; "
-                            f"first difference at sample {first}): rerun `tokenunlearn reference` with the same "
+                            f"first difference at sample {first}): {RERUN} with the same "
                             "split or corpus, template and tokenizer")
         if layer is not None and layer not in self.layers:
             raise DataError(f"{self.where}: activation matching at rmu_layer={layer} needs reference.layers to hold it "
-                            f"(the cache has {self.layers}): add it and rerun `tokenunlearn reference`")
+                            f"(the cache has {self.layers}): add it and {RERUN}")
+        top = max((int(self.columns[c][0].max()) for c in ("topk_ids", "input_ids") if self.columns[c][0].size),
+                  default=-1)
+        if vocab_size is not None and top >= vocab_size:
+            raise DataError(f"{self.where}: the reference cache holds token id {top}, outside the model's vocabulary "
+                            f"of {vocab_size}: it was made with another model; {RERUN}")
 
     def batch(self, sample_ids: list[int], layer: int | None = None) -> dict[str, torch.Tensor]:
         """The cached entries of a padded batch of these samples (in this order): `rows`, `cols` (the batch row and
@@ -233,6 +275,90 @@ class ReferenceCache:
             out["act"] = torch.from_numpy(np.concatenate([self._values(f"act_{layer}", r) for r in rows])
                                           .astype(np.float32)).view(-1, self.hidden)
         return out
+
+
+def _first_duplicate(values: np.ndarray):
+    unique, counts = np.unique(values, return_counts=True)
+    return unique[counts > 1][0]
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def check_cache_metadata(manifest: dict, cache_dir: Path) -> dict:
+    """The metadata a cache is read with, checked: that it is a reference cache at all (not the attribution shards,
+    whose manifest looks alike), and the top_k, layers and hidden_size its shards' widths follow."""
+    path, meta = cache_dir / MANIFEST, manifest.get("metadata") or {}
+    if meta.get("kind") != KIND:
+        what = "attribution shards" if "alpha" in meta or "tagger" in meta else f"metadata kind {meta.get('kind')!r}"
+        raise DataError(f"{cache_dir}: not a reference cache ({what}); point it at `tokenunlearn reference`'s output, "
+                        "e.g. artifacts/reference")
+    for name in ("top_k", "hidden_size"):
+        if not _positive_int(meta.get(name)):
+            raise DataError(f"{path}: metadata {name} is {json.dumps(meta.get(name))}, not a positive integer; "
+                            f"{RERUN}")
+    layers = meta.get("layers")
+    if not isinstance(layers, list) or not all(isinstance(L, int) and not isinstance(L, bool) and L >= 0
+                                               for L in layers):
+        raise DataError(f"{path}: metadata layers is {json.dumps(layers)}, not a list of layer indices; {RERUN}")
+    vocab = meta.get("vocab_size")  # caches before it was recorded have none
+    if vocab is not None and not (_positive_int(vocab) and meta["top_k"] <= vocab):
+        raise DataError(f"{path}: metadata vocab_size is {json.dumps(vocab)}, not an integer of at least top_k "
+                        f"{meta['top_k']}; {RERUN}")
+    return meta
+
+
+def check_cache_values(table: pa.Table, meta: dict, file: Path) -> None:
+    """One shard's values, before use: no nulls, every row's lists as long as its positions say (k per position,
+    hidden_size per activation), positions inside the sample, token ids in the vocabulary, and log-probabilities
+    that are probabilities (finite, at most 0); activations finite. An edited or corrupt cache otherwise trains on
+    (a retain loss of ~1e6) or fails mid-run."""
+    k, hidden = meta["top_k"], meta["hidden_size"]
+    sample_ids = table.column("sample_id").to_numpy(zero_copy_only=False)
+
+    def fail(row: int, what: str):
+        raise DataError(f"{file}: sample {sample_ids[row]}: {what}; {RERUN}")
+
+    for name in table.column_names:
+        column = table.column(name).combine_chunks()
+        nulls = column.null_count + (column.values.null_count if hasattr(column, "values") else 0)
+        if nulls:
+            raise DataError(f"{file}: column {name} holds {nulls} nulls; {RERUN}")
+    if (sample_ids < 0).any():
+        fail(int(np.flatnonzero(sample_ids < 0)[0]), "a negative sample id")
+    flat = {name: _flat(table.column(name)) for name in table.column_names if name != "sample_id"}
+    n_pos = np.diff(flat["positions"][1])
+    n_ids = np.diff(flat["input_ids"][1])
+    for name, per in (("topk_ids", k), ("topk_logp", k), ("tail_logp", 1),
+                      *((f"act_{L}", hidden) for L in meta["layers"])):
+        bad = np.flatnonzero(np.diff(flat[name][1]) != n_pos * per)
+        if bad.size:
+            row = int(bad[0])
+            fail(row, f"{name} has {np.diff(flat[name][1])[row]} values for {n_pos[row]} positions"
+                      + (f" × {per}" if per != 1 else "") + " (truncated or edited)")
+    positions = flat["positions"][0].astype(np.int64)
+    owner = np.repeat(np.arange(len(n_pos)), n_pos)  # the row of each position
+    bad = np.flatnonzero((positions < 0) | (positions >= n_ids[owner] - 1))  # the token at p + 1 is labelled
+    if bad.size:
+        row = int(owner[bad[0]])
+        fail(row, f"position {positions[bad[0]]} is outside its {n_ids[row]} tokens (0..{n_ids[row] - 2})")
+    vocab = meta.get("vocab_size")
+    for name in ("input_ids", "topk_ids"):
+        values, offsets = flat[name]
+        bad = np.flatnonzero((values < 0) | (values >= vocab if vocab is not None else False))
+        if bad.size:
+            row = int(np.searchsorted(offsets, bad[0], side="right")) - 1
+            fail(row, f"{name} holds token id {values[bad[0]]}, outside the vocabulary "
+                      f"(0..{vocab - 1 if vocab is not None else '∞'})")
+    for name in ("topk_logp", "tail_logp", *(f"act_{L}" for L in meta["layers"])):
+        values, offsets = flat[name]
+        logp = not name.startswith("act_")
+        bad = np.flatnonzero(~np.isfinite(values) | ((values > LOGP_TOLERANCE) if logp else False))
+        if bad.size:
+            row = int(np.searchsorted(offsets, bad[0], side="right")) - 1
+            fail(row, f"{name} holds {values[bad[0]]:g}" + (", not a log-probability (finite, at most 0)" if logp
+                                                             else ", not a finite activation"))
 
 
 def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:

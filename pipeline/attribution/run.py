@@ -286,7 +286,7 @@ def run_attribution(cfg: AttributionConfig, data: DataConfig, out_dir: Path, met
     device = torch.device(f"cuda:{torch.cuda.current_device()}") if torch.cuda.is_available() else torch.device("cpu")
     dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
     model = load_model(cfg.model, dtype=dtype, trust_remote_code=cfg.trust_remote_code).to(device).eval()
-    check_vocab(model, tokenizer, cfg.model)
+    check_vocab(model, tokenizer, cfg.model, data.max_length)
     content_tagger = scorer = learned_info = None
     if "span" in cfg.signals:
         content_tagger = CachedTagger(with_upos(base_tagger, CONTENT_UPOS),

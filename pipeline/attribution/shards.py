@@ -127,28 +127,107 @@ def write_manifest(out_dir: Path, shards: list[ShardInfo], metadata: dict, summa
 
 
 def read_manifest(shard_dir: str | Path, verify: bool = True) -> dict:
-    """The manifest of a shard directory; with `verify`, every shard's size and sha256 are checked."""
+    """The manifest of a shard directory, its structure checked and every shard it lists confined to the directory;
+    with `verify`, every shard's sha256 is checked too."""
     shard_dir = Path(shard_dir)
     path = shard_dir / MANIFEST
     if not path.is_file():
         raise DataError(f"{shard_dir}: no {MANIFEST}: not a complete attribution directory (rerun `attribute`)")
     try:
         manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}: malformed JSON ({e.msg})") from None
-    if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise DataError(f"{path}: schema_version {manifest.get('schema_version')}, this code reads {SCHEMA_VERSION}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: malformed JSON ({getattr(e, 'msg', e)})") from None
+    if not isinstance(manifest, dict) or manifest.get("schema_version") != SCHEMA_VERSION:
+        version = manifest.get("schema_version") if isinstance(manifest, dict) else None
+        raise DataError(f"{path}: schema_version {version}, this code reads {SCHEMA_VERSION}")
+    check_manifest(manifest, path)
     for shard in manifest["shards"]:
-        file = shard_dir / shard["name"]
-        if not file.is_file():
-            raise DataError(f"{shard_dir}: shard {shard['name']} listed in the manifest is missing")
+        file = shard_path(shard_dir, shard["name"], path)
         if verify and _sha256(file) != shard["sha256"]:
             raise DataError(f"{shard_dir}: shard {shard['name']} does not match the manifest's sha256")
     return manifest
 
 
+def check_manifest(manifest: dict, path: Path) -> None:
+    """The manifest's fields have the types readers rely on: a hand-edited one (`"shards": null`, a row count as a
+    string) would otherwise fail later with a traceback, or be read wrong."""
+    shards = manifest.get("shards")
+    if not isinstance(shards, list):
+        raise DataError(f"{path}: 'shards' is {json.dumps(shards)}, not a list of shards; rerun the stage that "
+                        "wrote it")
+    for i, shard in enumerate(shards):
+        ok = isinstance(shard, dict) and isinstance(shard.get("name"), str) and isinstance(shard.get("sha256"), str) \
+            and isinstance(shard.get("rows"), int) and not isinstance(shard.get("rows"), bool) and shard["rows"] >= 0
+        if not ok:
+            raise DataError(f"{path}: shards[{i}] is {json.dumps(shard)}, not {{name, rows (a count), sha256}}")
+    names = [s["name"] for s in shards]
+    if len(set(names)) != len(names):
+        raise DataError(f"{path}: shard {next(n for n in names if names.count(n) > 1)} is listed twice")
+    if not isinstance(manifest.get("metadata", {}), dict):
+        raise DataError(f"{path}: 'metadata' is not an object")
+    total = sum(s["rows"] for s in shards)
+    if "rows" in manifest and manifest["rows"] != total:
+        raise DataError(f"{path}: 'rows' is {manifest['rows']}, but its shards hold {total}")
+
+
+def shard_path(shard_dir: Path, name: str, manifest_path: Path) -> Path:
+    """The file of shard `name`. A manifest is data: a name like `../../other/part.parquet`, an absolute path or a
+    symlink out of the directory would make a reader take another directory's rows, so a shard must be a plain
+    file name that resolves inside the manifest's own directory."""
+    if name in ("", ".", "..") or "\0" in name or "/" in name or "\\" in name or Path(name).name != name:
+        raise DataError(f"{manifest_path}: shard name {name!r} is not a plain file name in {shard_dir} "
+                        "(a manifest may only list files beside it)")
+    file = shard_dir / name
+    if not file.is_file():
+        raise DataError(f"{shard_dir}: shard {name} listed in the manifest is missing")
+    if not file.resolve().is_relative_to(shard_dir.resolve()):
+        raise DataError(f"{manifest_path}: shard {name} is a link to {file.resolve()}, outside {shard_dir} "
+                        "(a manifest may only list files beside it)")
+    return file
+
+
+def _kind(dtype: pa.DataType) -> str:
+    """A type's kind as readers use it: the width of a number does not matter (they convert), its kind does."""
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
+        return f"list<{_kind(dtype.value_type)}>"
+    for name, test in (("int", pa.types.is_integer), ("float", pa.types.is_floating), ("bool", pa.types.is_boolean),
+                       ("string", lambda t: pa.types.is_string(t) or pa.types.is_large_string(t))):
+        if test(dtype):
+            return name
+    return str(dtype)
+
+
+def check_shard(file: Path, columns: dict[str, pa.DataType], rows: int | None = None, hint: str = "") -> None:
+    """Before a shard is used: it is readable Parquet, holds the manifest's row count, and has each of `columns` with
+    its type's kind; one error naming the file and every missing or mistyped column (`hint`: what to do)."""
+    try:
+        meta = pq.ParquetFile(file).metadata
+        schema = meta.schema.to_arrow_schema()
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{file}: not a readable Parquet file ({str(e).splitlines()[0]}){hint}") from None
+    missing = [name for name in columns if name not in schema.names]
+    wrong = [f"{name} is {_kind(schema.field(name).type)}, not {_kind(dtype)}" for name, dtype in columns.items()
+             if name in schema.names and _kind(schema.field(name).type) != _kind(dtype)]
+    if missing or wrong:
+        what = ([f"no column {', '.join(missing)}"] if missing else []) + wrong
+        raise DataError(f"{file}: {'; '.join(what)}{hint}")
+    if rows is not None and meta.num_rows != rows:
+        raise DataError(f"{file}: {meta.num_rows} rows, the manifest says {rows}{hint}")
+
+
+def check_shards(shard_dir: str | Path, manifest: dict, columns: dict[str, pa.DataType], hint: str = "") -> None:
+    """`check_shard` for every shard the manifest lists (their footers only: cheap)."""
+    for shard in manifest["shards"]:
+        check_shard(Path(shard_dir) / shard["name"], columns, shard["rows"], hint)
+
+
+def column_types(names) -> dict[str, pa.DataType]:
+    """The types of attribution columns `names` (the paper's and the extra signals') as `attribute` writes them."""
+    return {name: SCHEMA.field(name).type if name in SCHEMA.names else EXTRA_COLUMNS[name] for name in names}
+
+
 def shard_files(shard_dir: str | Path, verify: bool = True) -> list[Path]:
-    manifest = read_manifest(shard_dir, verify)
+    manifest = read_manifest(shard_dir, verify)  # every name confined to shard_dir
     return [Path(shard_dir) / s["name"] for s in manifest["shards"]]
 
 

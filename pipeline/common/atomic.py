@@ -7,8 +7,11 @@ write the same output at once (`hold_outputs`).
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
+import logging
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -18,19 +21,54 @@ from typing import Iterable, Iterator
 from pipeline.common.errors import TokenUnlearnError
 
 
+log = logging.getLogger(__name__)
+
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
 def _tmp_sibling(target: Path, is_dir: bool) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
-    prefix = f".{target.name}.tmp-"
+    remove_leftovers(target)
+    # The name carries the host and pid, so the next run can tell a dead run's leftover from a live run's work.
+    prefix = f".{target.name}.tmp-{socket.gethostname()}-{os.getpid()}-"
     if is_dir:
-        return Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+        os.chmod(path, 0o777 & ~_UMASK)  # mkdtemp makes 0700; the artifact follows the user's umask
+        return path
     fd, name = tempfile.mkstemp(prefix=prefix, dir=target.parent)
     os.close(fd)
-    os.chmod(name, 0o666 & ~_UMASK)  # mkstemp makes 0600; the artifact gets the usual permissions
+    os.chmod(name, 0o666 & ~_UMASK)  # mkstemp makes 0600; the artifact follows the user's umask
     return Path(name)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_leftovers(target: Path) -> list[Path]:
+    """Remove the temporary siblings (`.NAME.tmp-HOST-PID-*`, `.NAME.old-PID`) that killed runs of this host left
+    beside `target`; a live run's are kept. Returns what was removed."""
+    host, removed = socket.gethostname(), []
+    for path in target.parent.glob(f".{glob.escape(target.name)}.*"):
+        rest = path.name[len(target.name) + 2:]
+        m = re.fullmatch(rf"tmp-{re.escape(host)}-(\d+)-.*|old-(\d+)", rest)
+        if not m or _pid_alive(int(m.group(1) or m.group(2))):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    if removed:
+        log.info("removed %d leftover(s) of killed runs beside %s", len(removed), target)
+    return removed
 
 
 def _replace(tmp: Path, target: Path) -> None:

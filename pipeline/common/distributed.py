@@ -20,6 +20,7 @@ from pipeline.common.paths import cache_dir
 def _prepare_environment() -> None:
     # DeepSpeed JIT-compiles a CPU communication op on first use (~30 s): keep it in one cache so it is built once.
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions"))
+    _break_stale_build_locks()
     # It builds with the `ninja` first on PATH; the environment's and the system's record commands differently, so
     # runs alternating between them (a test process and the CLI it launches) rebuild every op: the environment's.
     own = Path(sys.executable).parent
@@ -33,6 +34,85 @@ def _prepare_environment() -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+
+
+class _OwnedBaton:
+    """torch's JIT-build lock (`FileBaton`: a `lock` file that every other build waits on while it exists), with its
+    owner's host and pid written in it: a lock whose owner was killed is broken, with one line, instead of making
+    every later stage wait forever. torch's own baton writes nothing; an empty lock is broken once it is older than
+    any build (`EMPTY_LOCK_SECONDS`)."""
+
+    EMPTY_LOCK_SECONDS = 600
+
+    def __init__(self, lock_file_path, wait_seconds=0.1, warn_after_seconds=None) -> None:
+        self.lock_file_path, self.wait_seconds, self.fd = lock_file_path, wait_seconds, None
+
+    def try_acquire(self) -> bool:
+        for _ in range(2):  # a second try after breaking a stale lock
+            try:
+                self.fd = os.open(self.lock_file_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if not self._break_if_stale():
+                    return False
+                continue
+            os.write(self.fd, f"{socket.gethostname()} {os.getpid()}".encode())
+            return True
+        return False
+
+    def wait(self) -> None:
+        import time
+
+        from pipeline.common.errors import TokenUnlearnError
+
+        while os.path.exists(self.lock_file_path):
+            if self._break_if_stale():
+                raise TokenUnlearnError(f"{self.lock_file_path}: the process building this DeepSpeed op died before "
+                                        "it finished; its lock is removed: run the command again to build it")
+            time.sleep(self.wait_seconds)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+        os.remove(self.lock_file_path)
+
+    def _break_if_stale(self) -> bool:
+        owner = stale_lock_owner(Path(self.lock_file_path), self.EMPTY_LOCK_SECONDS)
+        if owner is None:
+            return False
+        Path(self.lock_file_path).unlink(missing_ok=True)
+        logging.getLogger(__name__).warning("removed the build lock %s of a killed run (%s)", self.lock_file_path,
+                                            owner)
+        return True
+
+
+def stale_lock_owner(path: Path, empty_after_seconds: float) -> str | None:
+    """Who left the lock file `path`, if they are gone ("pid N on HOST, not running"); None while it is held (or
+    the owner cannot be told from here: another host)."""
+    import time
+
+    try:
+        text, age = path.read_text(errors="replace").split(), time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    if len(text) == 2 and text[1].isdigit():
+        host, pid = text[0], int(text[1])
+        if host != socket.gethostname():
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return f"pid {pid} on {host}, not running"
+        except PermissionError:
+            pass
+        return None
+    return f"an empty lock {age:.0f} s old" if age > empty_after_seconds else None
+
+
+def _break_stale_build_locks() -> None:
+    """Every JIT build in this process takes torch's build lock through `_OwnedBaton`."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    cpp_extension.FileBaton = _OwnedBaton
 
 
 def deepspeed_module():

@@ -155,12 +155,9 @@ def _load_adapter(directory: Path, dtype: torch.dtype | None, trust_remote_code:
         pickled = " (only pickle weights, adapter_model.bin, which TokenUnlearn never loads)" \
             if (directory / "adapter_model.bin").is_file() else ""
         raise DataError(f"model '{directory}': an adapter directory without {ADAPTER_WEIGHTS}{pickled}")
-    try:
-        base = json.loads((directory / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
-    except (ValueError, KeyError, TypeError):
-        base = None
-    if not base:
-        raise DataError(f"model '{directory}': {ADAPTER_CONFIG} does not name its base model (base_model_name_or_path)")
+    from pipeline.common.adapters import check_adapter  # here: adapters imports this module
+
+    base = check_adapter(directory)  # its config and recorded base agree, before any base is loaded
     from transformers.integrations import is_deepspeed_zero3_enabled
 
     if is_deepspeed_zero3_enabled():  # the merge needs whole weights, which ZeRO-3 partitions as they load
@@ -175,6 +172,7 @@ def _load_adapter(directory: Path, dtype: torch.dtype | None, trust_remote_code:
     if expected is not None and model_hash(model, base) != expected:
         raise DataError(f"model '{directory}': its base model '{base}' is not the one the adapters were trained on "
                         f"(hash {model_hash(model, base)}, {ADAPTER_NOTE} says {expected})")
+    check_adapter(directory, model, base)  # the weights' header and shapes against the config and the base
     from peft import PeftModel
 
     return PeftModel.from_pretrained(model, str(directory), is_trainable=False).merge_and_unload()
@@ -224,7 +222,12 @@ def lm_head_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     return cap * torch.tanh(logits / cap) if cap else logits
 
 
-def check_vocab(model, tokenizer, where: str) -> None:
+POSITION_LIMITS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def check_vocab(model, tokenizer, where: str, max_length: int | None = None) -> None:
+    """The tokenizer fits the model's embedding, and `max_length` (data.max_length) its position limit: a longer
+    sample would run past the positions the model was trained on, without an error from the model itself."""
     weight = model.get_input_embeddings().weight
     rows = getattr(weight, "ds_shape", weight.shape)[0]  # under ZeRO-3 the loaded weight is a partition
     if len(tokenizer) > rows:
@@ -232,10 +235,22 @@ def check_vocab(model, tokenizer, where: str) -> None:
             f"{where}: the tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows "
             "(model and tokenizer do not belong together)"
         )
+    config = getattr(model, "config", None)
+    recorded = getattr(config, "tokenizer_vocab_hash", None)
+    if recorded is not None and recorded != vocab_hash(tokenizer):
+        raise DataError(f"{where}: the tokenizer's vocabulary (hash {vocab_hash(tokenizer)}) is not the one the "
+                        f"model was written with (config.json's tokenizer_vocab_hash {recorded}): the weights and the "
+                        "tokenizer files do not belong together; use the tokenizer written with the model")
+    limit = next((getattr(config, k) for k in POSITION_LIMITS if isinstance(getattr(config, k, None), int)), None)
+    if max_length is not None and limit is not None and max_length > limit:
+        raise ParamError(f"data.max_length={max_length}: longer than {where}'s position limit ({limit} tokens); "
+                         f"set data.max_length to at most {limit}")
 
 
 def write_model(model, tokenizer, directory: str | Path, state_dict: dict | None = None) -> None:
-    """Write Hugging Face format (safetensors) with the tokenizer into `directory`."""
+    """Write Hugging Face format (safetensors) with the tokenizer into `directory`; config.json notes the
+    tokenizer's vocabulary (`vocab_hash`), so that weights given another tokenizer of the same size are refused."""
+    model.config.tokenizer_vocab_hash = vocab_hash(tokenizer)
     model.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
     tokenizer.save_pretrained(directory)
 
@@ -280,6 +295,13 @@ def model_hash(model, name_or_path: str) -> str:
 
 def tokenizer_hash(tokenizer) -> str:
     blob = tokenizer.backend_tokenizer.to_str() + json.dumps(tokenizer.special_tokens_map, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def vocab_hash(tokenizer) -> str:
+    """The token → id map and the special tokens: what must agree between weights and tokenizer (unlike
+    `tokenizer_hash`, unchanged by a stage's truncation or padding settings)."""
+    blob = json.dumps([sorted(tokenizer.get_vocab().items()), tokenizer.special_tokens_map], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
@@ -207,7 +209,10 @@ def dataclass_from_params(cls: type[T], values: dict, where: str, origins: dict[
             expected = {"int": int, "float": float, "str": str, "bool": bool}.get(expected, expected)
         else:
             expected = type(default) if default is not None else None
-        if expected is None:
+        if expected is None:  # a list, a union, a default of None: the annotation says what fits
+            hint = _type_hints(cls).get(name)
+            if hint is not None and not _conforms(value, hint):
+                raise ParamError(f"{key_of(name)}={value!r}: expected {_describe(hint)}")
             continue
         ok = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
@@ -218,6 +223,50 @@ def dataclass_from_params(cls: type[T], values: dict, where: str, origins: dict[
         return cls(**values)
     except TypeError as e:
         raise ParamError(f"{where}: {e}") from None
+
+
+def _type_hints(cls) -> dict:
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # an annotation that does not resolve here: fall back to the defaults' types
+        return {}
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    """Whether `value` (as YAML gives it) fits the annotation `hint`: plain types, unions, lists, tuples, dicts
+    and literals are checked, anything else passes. An int fits a float; a bool fits only bool."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, arg) for arg in args)
+    if origin is typing.Literal:
+        return value in args
+    if origin in (list, tuple, set, frozenset) or hint in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:  # tuple[int, str]: one type per place
+            return len(value) == len(args) and all(_conforms(v, a) for v, a in zip(value, args))
+        return not args or all(_conforms(v, args[0]) for v in value)
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            return False
+        return len(args) != 2 or all(_conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items())
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(hint, type) and origin is None:
+        return isinstance(value, hint)
+    return True
+
+
+def _describe(hint: Any) -> str:
+    if isinstance(hint, type) and typing.get_origin(hint) is None:
+        return hint.__name__
+    return re.sub(r"\bNone(Type)?\b", "null", str(hint).replace("typing.", ""))  # YAML's word for None
 
 
 def _key_namer(where: str, origins: dict[str, str] | None) -> Callable[[str], str]:

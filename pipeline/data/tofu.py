@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import stat
 from pathlib import Path
 from typing import Sequence
 
@@ -63,6 +64,8 @@ def validate_rows(rows: list, schema: dict[str, str], where: str) -> list[dict]:
 def read_json_records(path: Path) -> list:
     """JSON Lines (the hub's `<split>.json`), or one JSON array."""
     try:
+        if not stat.S_ISREG(path.stat().st_mode):  # a device or a pipe would be read forever (/dev/zero)
+            raise DataError(f"{path}: not a regular file (a device, a pipe or a directory); give a JSON file")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise DataError(f"{path}: file not found")
@@ -134,8 +137,9 @@ def load_split(source: str | Path, split: str) -> list[dict]:
     if path.is_dir():
         file = path / f"{split}.json"
         rows, where = read_json_records(file), str(file)
-    elif path.suffix == ".json" and path.exists():
-        rows, where = read_json_records(path), str(path)
+    elif path.exists():  # one file would be read for every split: forget, retain and the evaluation's alike
+        raise DataError(f"data source '{source}': a file, not a directory; data.source is a directory of "
+                        f"<split>.json files (this split is {split}.json), or a hub dataset name like {HUB_DATASET}")
     elif is_hub_name(source):
         rows = load_hub_records(str(source), split, "train", f"split '{split}'",
                                 "point data.source at a local directory of <split>.json files instead.")

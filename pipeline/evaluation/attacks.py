@@ -12,7 +12,8 @@ import logging
 from pathlib import Path
 from typing import Callable
 
-from pipeline.common.atomic import atomic_dir, write_json
+from pipeline.common.atomic import atomic_dir
+from pipeline.evaluation.eval_io import write_strict_json
 from pipeline.common.errors import ParamError
 from pipeline.common.modeling import load_tokenizer
 from pipeline.common.runs import complete_seeds, is_run_dir
@@ -62,10 +63,10 @@ def evaluate_attack(model_path: str, attack: Attack, cfg: EvalConfig, out_dir: P
         for seed, model in models.items():
             probe_fn = forget_probe(inputs, cfg, load_tokenizer(str(model), cfg.trust_remote_code))
             results = attack(str(model), probe_fn, len(inputs.tofu["forget"][1]))
-            write_json(tmp / f"seed{seed}.json", {"model": str(model), **results})
+            write_strict_json(tmp / f"seed{seed}.json", {"model": str(model), **results})
             per_seed[seed] = flat_results(results)
         summary = {"model": str(model_path), **aggregate_seeds(per_seed)}
-        write_json(tmp / "metrics.json", summary)
+        write_strict_json(tmp / "metrics.json", summary)
     if metrics_file is not None:
-        write_json(metrics_file, summary)
+        write_strict_json(metrics_file, summary)
     return summary

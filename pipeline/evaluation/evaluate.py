@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from pipeline.common.atomic import atomic_dir, write_json
+from pipeline.common.atomic import atomic_dir
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import check_vocab, load_model, load_tokenizer
 from pipeline.common.params import (at_least, between, check_keys, check_rules, dataclass_from_params, one_of,
@@ -46,7 +47,7 @@ from pipeline.data.templates import get_template
 from pipeline.data.tofu import load_split
 from pipeline.evaluation.multiple_choice import (SCORINGS, WMDP_SUBJECTS, MCItem, evaluate_mc, load_mmlu, load_wmdp,
                                                  world_mc_sets)
-from pipeline.evaluation import open_unlearning
+from pipeline.evaluation import eval_io, open_unlearning
 from pipeline.evaluation.mia import MIA_ATTACKS, PRIVLEAK_ATTACK, MIAResult, membership_inference, privleak
 from pipeline.evaluation.probes import PROBED_SETS, paraphrase_items, probe
 from pipeline.evaluation.quantize import BITS, QUANT_METHODS, load_quantized_bnb, resolve_method, rtn_quantized
@@ -229,15 +230,32 @@ def _retain_items(retain_dir: Path) -> Path:
     return file
 
 
-def retain_truth_ratios(retain_dir: Path, forget_hash: str) -> list[float]:
-    """The retain model's per-item forget truth ratios, from its evaluation; refused if it scored other items."""
+def _questions_hash_of(table: pa.Table, file: Path) -> str:
+    """The questions hash an items table was written with (its `tokenunlearn` schema metadata)."""
+    try:
+        theirs = json.loads((table.schema.metadata or {})[b"tokenunlearn"])["questions_hash"]
+    except (KeyError, TypeError, ValueError):
+        theirs = None
+    if not isinstance(theirs, str):
+        raise DataError(f"{file}: no questions hash in its metadata: not items written by `tokenunlearn evaluate`; "
+                        "evaluate the retain model again")
+    return theirs
+
+
+def retain_truth_ratios(retain_dir: Path, forget_hash: str, n_forget: int | None = None) -> list[float]:
+    """The retain model's per-item forget truth ratios, from its evaluation; refused if it scored other items, or
+    if a truth ratio is not a finite non-negative number (a NaN would make forget quality NaN)."""
     file = _retain_items(retain_dir)
-    table = pq.read_table(file)
-    theirs = json.loads(table.schema.metadata[b"tokenunlearn"])["questions_hash"]
+    table = eval_io.read_parquet(file)
+    theirs = _questions_hash_of(table, file)
     if theirs != forget_hash:
         raise DataError(f"{file}: the retain model was evaluated on other forget questions (hash {theirs}, "
                         f"here {forget_hash}); evaluate both on the same source and forget split")
-    return table.column("truth_ratio").to_pylist()
+    if "truth_ratio" not in table.column_names:
+        raise DataError(f"{file}: no truth_ratio column; evaluate the retain model again")
+    rows = table.select(["truth_ratio"]).to_pylist()
+    eval_io.check_items(rows, file, n_forget)
+    return [r["truth_ratio"] for r in rows]
 
 
 def load_retain_reference(retain: Path, forget_hash: str,
@@ -249,7 +267,7 @@ def load_retain_reference(retain: Path, forget_hash: str,
     retain = Path(retain)
     file = None if (retain / "items" / "forget.parquet").is_file() else open_unlearning.eval_file(retain)
     if file is None:
-        return retain_truth_ratios(retain, forget_hash), None
+        return retain_truth_ratios(retain, forget_hash, n_forget), None
     logs = open_unlearning.read_retain_logs(file)
     if len(logs.truth_ratios) != n_forget:
         raise DataError(f"{file}: {len(logs.truth_ratios)} forget truth ratios, but the forget set has {n_forget} "
@@ -318,16 +336,22 @@ def load_retain_auc(retain: Path, attacks: list[str]) -> dict[str, float]:
     if file is None:
         raise DataError(f"privleak needs the retain model's membership-inference AUCs, and {retain} holds neither "
                         "metrics.json nor TOFU_EVAL.json: evaluate the retain model first (DVC stage evaluate_retain)")
-    data = json.loads(file.read_text(encoding="utf-8"))
+    what = "evaluation summary" if file.name == "metrics.json" else f"open-unlearning {open_unlearning.EVAL_FILE}"
+    data = eval_io.read_json(file, what)
     if file.name == "metrics.json":
-        found = {a: v["auc"] for a, v in (data.get("mia") or {}).items() if isinstance(v, dict) and "auc" in v}
+        mia = data.get("mia") or {}
+        if not isinstance(mia, dict):
+            raise DataError(f"{file}: mia: {mia!r} is not an object of attacks")
+        found = {a: (f"mia.{a}.auc", v["auc"]) for a, v in mia.items() if isinstance(v, dict) and "auc" in v}
     else:
-        found = {a: data[f"mia_{a}"]["agg_value"] for a in attacks if isinstance(data.get(f"mia_{a}"), dict)}
+        found = {a: (f"mia_{a}.agg_value", data[f"mia_{a}"].get("agg_value")) for a in attacks
+                 if isinstance(data.get(f"mia_{a}"), dict)}
     missing = [a for a in attacks if a not in found]
     if missing:
         raise DataError(f"{file}: no membership-inference AUC of {missing} for the retain model: evaluate it again "
                         "with the same evaluate.mia (privleak compares each attack with the retain model's)")
-    return {a: float(found[a]) for a in attacks}
+    # an AUC is a probability; anything else would give a plausible but meaningless privleak
+    return {a: eval_io.number(found[a][1], f"{file}: {found[a][0]}", 0.0, 1.0) for a in attacks}
 
 
 def _own_retain(out_dir: Path, retain_dir: Path | None) -> bool:
@@ -370,7 +394,7 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
                               name=f"{cfg.source}/{split}", es_definition=cfg.es_definition,
                               loss_dtype=cfg.loss_dtype)
         results[name], records[name] = result, _item_records(rows, result)
-        summary[name] = {"n": len(rows), **{k: round(v, 6) for k, v in result.aggregates.items()}}
+        summary[name] = {"n": len(rows), **{k: _rounded(k, v) for k, v in result.aggregates.items()}}
         log.info("%s: %s", split, _set_line(summary[name]))
         log.debug("%s: %s", split, summary[name])
 
@@ -420,10 +444,16 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
             (tmp / "mc").mkdir()
             for name, table in mc_tables.items():
                 pq.write_table(table, tmp / "mc" / f"{name}.parquet", compression="zstd")
-        write_json(tmp / "metrics.json", summary)
+        eval_io.write_strict_json(tmp / "metrics.json", summary)
         if ou_logs is not None:
             open_unlearning.write_files(tmp, ou_logs)  # the same evaluation in open-unlearning's layout
     return summary
+
+
+def _rounded(metric: str, value: float) -> float | None:
+    """A set aggregate for the summary, rounded. Exact memorization's mean over no token is NaN: null, as
+    open-unlearning writes it (JSON has no NaN). Any other NaN stays, and `write_strict_json` names it."""
+    return None if metric == "exact_memorization" and math.isnan(value) else round(value, 6)
 
 
 def _paraphrase(model, tokenizer, template, inputs: EvalInputs, cfg: EvalConfig, records: dict[str, list[dict]],
@@ -571,11 +601,11 @@ def evaluate_path(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: P
             per_seed = {seed: evaluate_model(str(model), cfg, tmp / f"seed{seed}", retain_dir, inputs)
                         for seed, model in seeds.items()}
             summary = {"model": str(model_path), **aggregate_seeds(per_seed)}
-            write_json(tmp / "metrics.json", summary)
+            eval_io.write_strict_json(tmp / "metrics.json", summary)
     else:
         summary = evaluate_model(model_path, cfg, out_dir, retain_dir, inputs)
     if metrics_file is not None:
-        write_json(metrics_file, summary)  # creates its directory
+        eval_io.write_strict_json(metrics_file, summary)  # creates its directory
     return summary
 
 

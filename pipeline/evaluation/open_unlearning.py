@@ -16,16 +16,14 @@ Truth_Ratio and Q_A_ROUGE; model_utility; with evaluate.mia, mia_loss, mia_zlib,
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
-from pipeline.common.atomic import write_json
 from pipeline.common.errors import DataError
+from pipeline.evaluation import eval_io
 from pipeline.evaluation.mia import auc
 from pipeline.evaluation.tofu_metrics import ITEM_COLUMNS, SET_SPECS, UTILITY_SETS, model_utility, set_aggregates
 
@@ -117,8 +115,8 @@ def summary_of(logs: dict[str, dict]) -> dict[str, float]:
 
 
 def write_files(out_dir: Path, logs: dict[str, dict]) -> None:
-    write_json(Path(out_dir) / EVAL_FILE, logs, indent=4)
-    write_json(Path(out_dir) / SUMMARY_FILE, summary_of(logs), indent=4)
+    eval_io.write_strict_json(Path(out_dir) / EVAL_FILE, logs, indent=4)
+    eval_io.write_strict_json(Path(out_dir) / SUMMARY_FILE, summary_of(logs), indent=4)
 
 
 # ---- re-export of an evaluation directory --------------------------------------------------------------------
@@ -128,8 +126,13 @@ def _read_mia(eval_dir: Path, forget: list[dict] | None, metrics: dict) -> dict 
     file = eval_dir / "items" / "holdout.parquet"
     if not file.is_file() or not forget:
         return None
-    holdout = pq.read_table(file).to_pylist()
+    holdout = eval_io.read_parquet(file).to_pylist()
+    eval_io.check_items(holdout, file)
     attacks = [c[4:] for c in holdout[0] if c.startswith("mia_")]
+    lacking = [f"mia_{a}" for a in attacks if f"mia_{a}" not in forget[0]]
+    if lacking:
+        raise DataError(f"{eval_dir / 'items' / 'forget.parquet'}: no {lacking} column, which {file} has: the two "
+                        "come from different evaluations; evaluate the model again")
     scores = {"forget": {a: [it[f"mia_{a}"] for it in forget] for a in attacks},
               "holdout": {a: [it[f"mia_{a}"] for it in holdout] for a in attacks}}
     return {**scores, "auc": {a: auc(scores["forget"][a], scores["holdout"][a]) for a in attacks},
@@ -137,18 +140,22 @@ def _read_mia(eval_dir: Path, forget: list[dict] | None, metrics: dict) -> dict 
 
 
 def _read_one(eval_dir: Path) -> tuple[dict[str, list[dict]], float | None, dict | None]:
-    items = {kind: pq.read_table(eval_dir / "items" / f"{kind}.parquet").to_pylist()
-             for kind in SET_SPECS if (eval_dir / "items" / f"{kind}.parquet").is_file()}
+    files = {kind: eval_dir / "items" / f"{kind}.parquet" for kind in SET_SPECS}
+    items = {kind: eval_io.read_parquet(f).to_pylist() for kind, f in files.items() if f.is_file()}
     if not items:
         raise DataError(f"{eval_dir / 'items'}: no TOFU set's items (forget, retain, real_authors, world_facts)")
+    for kind, rows in items.items():
+        eval_io.check_items(rows, files[kind])  # an out-of-range value would be exported as a plausible number
     needed = set(ITEM_COLUMNS) - {"paraphrased_mean_nll", "paraphrased_probability"}  # forget and retain only
     missing = sorted(needed - set(next(iter(items.values()))[0]))
     if missing:
         raise DataError(f"{eval_dir}: its items lack {missing}: an evaluation made before open-unlearning's export; "
                         "evaluate the model again")
     file = eval_dir / "metrics.json"
-    metrics = json.loads(file.read_text()) if file.is_file() else {}
-    return items, metrics.get("forget_quality"), _read_mia(eval_dir, items.get("forget"), metrics)
+    metrics = eval_io.read_json(file, "evaluation summary") if file.is_file() else {}
+    fq = eval_io.number(metrics.get("forget_quality"), f"{file}: forget_quality", 0.0, 1.0, nullable=True)
+    eval_io.number(metrics.get("privleak"), f"{file}: privleak", nullable=True)
+    return items, fq, _read_mia(eval_dir, items.get("forget"), metrics)
 
 
 def export_evaluation(eval_dir: Path, out_dir: Path) -> list[Path]:
@@ -192,16 +199,19 @@ def eval_file(path: Path) -> Path | None:
 
 def read_retain_logs(file: Path) -> RetainLogs:
     """forget_truth_ratio.value_by_index[*].score of an open-unlearning TOFU_EVAL.json, in index order."""
+    logs = eval_io.read_json(file, f"open-unlearning {EVAL_FILE}")
     try:
-        logs = json.loads(Path(file).read_text(encoding="utf-8"))
         by_index = logs["forget_truth_ratio"]["value_by_index"]
         order = sorted(by_index, key=int)
-        scores = [float(by_index[i]["score"]) for i in order]
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise DataError(f"{file}: not a readable open-unlearning TOFU_EVAL.json ({e})") from None
+        raw = [by_index[i]["score"] for i in order]
+    except ValueError as e:  # an index that is no integer
+        raise DataError(f"{file}: not a readable open-unlearning {EVAL_FILE} ({e})") from None
     except (KeyError, TypeError):
         raise DataError(f"{file}: no forget_truth_ratio.value_by_index with a numeric score per item, as "
                         "open-unlearning's TOFU_EVAL.json has") from None
+    # A NaN score makes forget quality NaN, a negative one is no truth ratio (a ratio of probabilities).
+    scores = [eval_io.number(v, f"{file}: forget_truth_ratio.value_by_index.{i}.score", 0.0)
+              for i, v in zip(order, raw)]
     rouge = (logs.get("forget_Q_A_ROUGE") or {}).get("value_by_index") or {}
     prompts = [rouge[i]["input"] for i in order] if all(
         isinstance(rouge.get(i), dict) and isinstance(rouge[i].get("input"), str) for i in order) else None

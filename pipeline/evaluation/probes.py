@@ -60,10 +60,12 @@ def paraphrase_items(model, tokenizer, template: PromptTemplate, rows: Sequence[
             for i in range(len(rows))]
 
 
-def _mean(values) -> float:
+def _mean(values) -> float | None:
+    """The mean over the values present, rounded; None where there are none (EM of answers without tokens): the
+    summary is JSON, which has no NaN."""
     values = np.asarray(values, dtype=np.float64)
     values = values[~np.isnan(values)]
-    return round(float(values.mean()), 6) if values.size else float("nan")
+    return round(float(values.mean()), 6) if values.size else None
 
 
 def probe(model, tokenizer, template: PromptTemplate, tofu: dict[str, tuple[str, list[dict]]],

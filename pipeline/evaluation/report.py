@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import logging
 import math
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 from pipeline.common.atomic import atomic_file
 from pipeline.common.errors import DataError
 from pipeline.common.plots import pyplot, save_figure
+from pipeline.evaluation.eval_io import number, read_json
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +68,53 @@ def run_row(name: str, spec: dict, summary: dict) -> Row:
     return Row(name, label, method, weighting, summary, score)
 
 
+# log10 forget quality where the p-value underflowed to 0: tofu_metrics.MIN_PVALUE's log10 (−323.3); an evaluation
+# written before that floor has -Infinity there, read as the floor.
+LOG10_FQ_FLOOR = math.log10(math.ulp(0.0))
+UNIT = (0.0, 1.0)
+
+
+def _reported(key: str) -> bool:
+    """Whether the report reads summary key `key` (a column, a multiple-choice accuracy, or their _std)."""
+    base = key.removesuffix("_std")
+    return base in {k for k, _ in COLUMNS + ROBUSTNESS_COLUMNS} or base.startswith("mc_")
+
+
+def _range(key: str) -> tuple[float | None, float | None]:
+    """A reported key's range: ES, AUC, accuracy and utility are shares, log10 FQ the log of a p-value; the rest
+    (privleak) any finite number."""
+    if key.endswith("_std"):
+        return 0.0, None
+    if key == "log10_forget_quality":
+        return None, 0.0
+    return UNIT if key.endswith(("_es", "_auc")) or "mc_" in key or key == "model_utility" else (None, None)
+
+
+def check_summary(summary: dict, file: Path, prefix: str = "") -> dict:
+    """The reported values of an evaluation summary checked (null or a finite number in range; `seeds` a list):
+    a wrong type would crash the table, a NaN or an out-of-range value would show as a plausible number."""
+    if summary.get("log10_forget_quality") == -math.inf:
+        summary["log10_forget_quality"] = LOG10_FQ_FLOOR
+    for key, value in summary.items():
+        if _reported(key):  # named as in its file, without the prefix read_summary gives it
+            number(value, f"{file}: {key.removeprefix(prefix)}", *_range(key), nullable=True)
+    if not isinstance(summary.get("seeds", []), list):
+        raise DataError(f"{file}: seeds: {summary['seeds']!r} is not a list of seeds")
+    return summary
+
+
 def read_summary(metrics_dir: Path, name: str, relearn_dir: Path | None = None) -> dict:
     """`metrics_dir/NAME.json`, with the relearning attack's summary (`relearn_dir/NAME.json`, where there is one)
-    as `relearn_*` keys."""
-    summary = json.loads((metrics_dir / f"{name}.json").read_text())
+    as `relearn_*` keys; each checked (`check_summary`)."""
+    file = metrics_dir / f"{name}.json"
+    summary = check_summary(read_json(file, "evaluation summary"), file)
+    if not any(_reported(k) and v is not None for k, v in summary.items()):
+        raise DataError(f"{file}: none of the report's metrics ({', '.join(k for k, _ in COLUMNS)}, mc_*): not a "
+                        f"summary of `tokenunlearn evaluate`; evaluate '{name}' again")
     relearned = relearn_dir / f"{name}.json" if relearn_dir is not None else None
     if relearned is not None and relearned.is_file():
-        summary |= {f"relearn_{k}": v for k, v in json.loads(relearned.read_text()).items()
-                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        summary |= check_summary({f"relearn_{k}": v for k, v in read_json(relearned, "relearning summary").items()
+                                  if isinstance(v, (int, float)) and not isinstance(v, bool)}, relearned, "relearn_")
     return summary
 
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.common.errors import DataError
+from pipeline.evaluation.eval_io import read_json
+from pipeline.evaluation.report import check_summary
 
 # (key, title, better): the paper's Table 1 columns and the forget authors' multiple choice; better: +1 higher, −1 lower
 KEYS = [("retain_es", "retain ES ↑", +1), ("forget_es", "forget ES ↓", -1), ("model_utility", "MU ↑", +1),
@@ -53,7 +54,7 @@ def load_cells(root: Path, model_seeds: list[int], runs: list[str], unlearn_seed
                     raise DataError(f"{file}: no evaluation of '{name}' for model seed {m}"
                                     + (f", unlearning seed {s}" if per_run else "")
                                     + " (run `dvc repro experiments/seeds/dvc.yaml`)")
-                summary = json.loads(file.read_text())
+                summary = check_summary(read_json(file, "evaluation summary"), file)
                 for k in keys:
                     if isinstance(summary.get(k), (int, float)):
                         values[k][i, j] = summary[k]
@@ -185,13 +186,17 @@ def lr_table(root: Path, model_seeds: list[int], runs: list[str], labels: dict[s
             if not file.is_file():
                 cells.append("–")
                 continue
-            result = json.loads(file.read_text())
-            entry = result["runs"][name]
-            c = entry["chosen"]
-            flag = "" if c.get("meets_floor", True) else ", below the floor"
-            flag += "" if entry.get("converged", True) else ", not within tolerance"
-            cells.append(f"{c['lr']:.2e} ({c['model_utility']:.3f} / {result['utility_min']:.3f}, "
-                         f"{len(entry['trials'])}{flag})")
+            result = read_json(file, "tuning choice")
+            try:
+                entry = result["runs"][name]
+                c = entry["chosen"]
+                flag = "" if c.get("meets_floor", True) else ", below the floor"
+                flag += "" if entry.get("converged", True) else ", not within tolerance"
+                cells.append(f"{c['lr']:.2e} ({c['model_utility']:.3f} / {result['utility_min']:.3f}, "
+                             f"{len(entry['trials'])}{flag})")
+            except (KeyError, TypeError, ValueError, AttributeError) as e:  # a key missing or of another type
+                raise DataError(f"{file}: not the tuning choice of '{name}' (runs.{name}.chosen.lr, model_utility, "
+                                f"trials and utility_min expected; {type(e).__name__}: {e})") from None
         lines.append(f"| {labels.get(name, name)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -14,7 +14,8 @@ src/data/utils.py and configs/eval/tofu_metrics/*.yaml); each yields open-unlear
 * Truth ratio:  TR = exp(−mean_k L(ỹ_k)) / (exp(−L(ŷ)) + 1e-10): the mean over the perturbed answers is taken of
   the NLLs. ŷ is `paraphrased_answer` for forget/retain and `answer` for real_authors/world_facts.
 * Truth-ratio aggregate: forget mean(min(TR, 1/(TR + 1e-10))); the others mean(max(0, 1 − TR)).
-* Forget quality: the p-value of the two-sample KS test of the forget-set TRs of the model and of the retain model.
+* Forget quality: the p-value of the two-sample KS test of the forget-set TRs of the model and of the retain model;
+  its log10 is floored at log10(MIN_PVALUE) = −323.3 where the p-value underflows to 0 (JSON has no −Infinity).
 * Model utility: `scipy.stats.hmean` of probability, ROUGE-L recall and TR aggregate on retain, real_authors and
   world_facts (9 values, open-unlearning's order); 0 if any is 0.
 * ROUGE: `rouge_score` with the Porter stemmer, rouge1 recall, rougeL F1 and rougeL recall (the metric) of the
@@ -93,14 +94,29 @@ class ForgetQuality(NamedTuple):
     log10_pvalue: float
 
 
+# log10 of a p-value that underflows to 0 (an extreme KS statistic on large sets): log10 of the smallest positive
+# double, −323.3, an upper bound of the true value. JSON has no −Infinity, and the report and the seeds' means
+# need a number.
+MIN_PVALUE = math.ulp(0.0)
+
+
 def forget_quality(model_tr: Sequence[float], retain_model_tr: Sequence[float]) -> ForgetQuality:
-    """The KS-test p-value of the model's forget-set TRs against the retain model's, and its log10."""
+    """The KS-test p-value of the model's forget-set TRs against the retain model's, and its log10 (at least
+    log10(MIN_PVALUE) = −323.3: see MIN_PVALUE)."""
     from scipy.stats import ks_2samp
 
-    if len(model_tr) == 0 or len(retain_model_tr) == 0:
-        raise DataError("forget quality: a truth-ratio sample is empty")
-    p = float(ks_2samp(np.asarray(model_tr, np.float64), np.asarray(retain_model_tr, np.float64)).pvalue)
-    return ForgetQuality(p, math.log10(p) if p > 0 else -math.inf)
+    samples = {"the model's": np.asarray(model_tr, np.float64), "the retain model's": np.asarray(retain_model_tr,
+                                                                                                   np.float64)}
+    for whose, tr in samples.items():
+        if tr.size == 0:
+            raise DataError("forget quality: a truth-ratio sample is empty")
+        # a NaN would make the p-value NaN; a negative TR is no truth ratio (it is a ratio of probabilities)
+        bad = np.flatnonzero(~np.isfinite(tr) | (tr < 0))
+        if bad.size:
+            raise DataError(f"forget quality: {whose} forget truth ratio {bad[0]} is {tr[bad[0]]}, not a finite "
+                            f"non-negative number ({bad.size} of {tr.size} items)")
+    p = float(ks_2samp(*samples.values()).pvalue)
+    return ForgetQuality(p, math.log10(max(p, MIN_PVALUE)))
 
 
 def harmonic_mean(values: Sequence[float]) -> float:

@@ -7,12 +7,16 @@ both calls take a batch: one parse for all the stages that became ready, or ende
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
+import os
 import time
 from collections import defaultdict
 from pathlib import Path
 
 from pipeline.common.errors import DataError
+from pipeline.sweep.plan import overlaps
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +54,10 @@ class DvcLedger:
     def __init__(self, root: Path):
         self.root = Path(root)
 
-    def _stages(self, repo, addresses: list[str]):
+    def _stages(self, repo, addresses: list[str], missing_ok: bool = False):
         """(address, stage) for each address, grouped by dvc.yaml, with one parse per file. DVC reads a relative
-        path from the working directory, so the file is made absolute."""
+        path from the working directory, so the file is made absolute. A stage not there is an error, or (with
+        `missing_ok`) left out."""
         files = defaultdict(list)
         for address in addresses:
             path, _, name = address.rpartition(":")
@@ -60,9 +65,9 @@ class DvcLedger:
         for path, wanted in files.items():
             stages = {s.name: s for s in repo.stage.collect(path)}
             missing = sorted(name for _, name in wanted if name not in stages)
-            if missing:
+            if missing and not missing_ok:
                 raise DataError(f"{path}: no stage {missing}")
-            yield [(address, stages[name]) for address, name in wanted]
+            yield [(address, stages[name]) for address, name in wanted if name in stages]
 
     def stale(self, addresses: list[str]) -> set[str]:
         """The addresses that `dvc repro` would run: a changed command, param or dependency, or missing outputs.
@@ -75,18 +80,62 @@ class DvcLedger:
         except DvcException as e:
             raise DataError(f"{', '.join(addresses)}: DVC cannot tell whether they are up to date: {e}") from None
 
-    def record(self, addresses: list[str]) -> None:
-        """The stages' deps, params and outs into dvc.lock and their outputs into the cache, as `dvc commit --force`
-        does for each (its own steps: save, commit, then one write of the lock file per dvc.yaml)."""
+    def _fingerprint(self, stage, produced: list[str]) -> str:
+        """What a stage's outputs follow from, apart from what the plan itself makes: its command, working
+        directory, params values and the hashes of its other dependencies (DVC's own, as in dvc.lock). Taken when
+        the plan is written and again when its run is recorded: if they differ, the outputs are of another stage."""
+        def rel(path):
+            return os.path.relpath(path, self.root)
+
+        def value(dep):
+            try:
+                return dep.get_hash().value
+            except Exception:  # noqa: BLE001 - a missing dependency: no hash, which differs from any real one
+                return None
+
+        deps = {f"{type(d).__name__}:{rel(d.fs_path)}": value(d) for d in stage.deps  # params and files apart
+                if not any(overlaps(rel(d.fs_path), o) for o in produced)}
+        what = {"cmd": stage.cmd, "wdir": rel(stage.wdir), "deps": deps}
+        return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def _fingerprints(self, repo, addresses: list[str], planned: list[str]) -> dict[str, str]:
+        produced = [os.path.relpath(o.fs_path, self.root)
+                    for group in self._stages(repo, planned, missing_ok=True) for _, stage in group for o in stage.outs]
+        return {a: self._fingerprint(stage, produced) for group in self._stages(repo, addresses) for a, stage in group}
+
+    def fingerprints(self, addresses: list[str]) -> dict[str, str]:
+        """Each planned stage's fingerprint (see `_fingerprint`); `addresses` is the whole plan."""
         from dvc.exceptions import DvcException
 
         try:
             with locked_repo(self.root) as repo:
+                return self._fingerprints(repo, addresses, addresses)
+        except DvcException as e:
+            raise DataError(f"{', '.join(addresses)}: DVC cannot read them: {e}") from None
+
+    def record(self, addresses: list[str], expected: dict[str, str | None] | None = None,
+               planned: list[str] = ()) -> list[str]:
+        """The stages' deps, params and outs into dvc.lock and their outputs into the cache, as `dvc commit --force`
+        does for each (its own steps: save, commit, then one write of the lock file per dvc.yaml).
+
+        With `expected` (address -> the fingerprint its plan had; `planned`: the whole plan), only the stages whose
+        fingerprint is still that: the others ran a command, params or inputs that are no longer the stage's, so
+        recording them would mark outputs up to date that are not. Returns those refused."""
+        from dvc.exceptions import DvcException
+
+        try:
+            with locked_repo(self.root) as repo:
+                refused = []
+                if expected is not None:
+                    now = self._fingerprints(repo, addresses, list(planned) or addresses)
+                    refused = [a for a in addresses if expected.get(a) is None or expected[a] != now[a]]
+                    addresses = [a for a in addresses if a not in refused]
                 for group in self._stages(repo, addresses):
                     stages = [stage for _, stage in group]
                     for stage in stages:
                         stage.save()
                         stage.commit()
                     stages[0].dvcfile.dump_stages(stages, update_pipeline=False)
+                return refused
         except DvcException as e:  # an output the stage did not write, say
             raise DataError(f"{', '.join(addresses)}: dvc commit failed: {e}") from None

@@ -44,6 +44,11 @@ def _under(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix.rstrip("/") + "/")
 
 
+def overlaps(path: str, other: str) -> bool:
+    """One path is the other or inside it: a dependency on a directory depends on the outputs written in it."""
+    return _under(path, other) or _under(other, path)
+
+
 def plan_from_dvc(pipeline: str, patterns: list[str], root: Path, table: dict[str, Resources]) -> list[dict]:
     """The stages of `pipeline` whose names match `patterns`, in file order: name, DVC address, command, working
     directory (relative to `root`), the chosen stages each waits for (one's dependency is another's output) and
@@ -69,7 +74,7 @@ def _plan(repo, pipeline: str, patterns: list[str], table: dict[str, Resources])
     for s in wanted:
         deps = [rel(d.fs_path) for d in s.deps]
         after = sorted({other for other, paths in outs.items() if other != s.name
-                        and any(_under(d, o) or _under(o, d) for d in deps for o in paths)})
+                        and any(overlaps(d, o) for d in deps for o in paths)})
         res = resources_for(s.name, table)
         plan.append({"stage": s.addressing, "name": s.name, "cmd": s.cmd if isinstance(s.cmd, str)
                      else " && ".join(s.cmd), "wdir": rel(s.wdir), "after": after, "cpus": res.cpus, "gpus": res.gpus})
@@ -89,24 +94,105 @@ def downstream_closure(plan: list[dict], names: set[str]) -> set[str]:
     return found
 
 
+def find_cycle(plan: list[dict]) -> list[str] | None:
+    """A chain of planned stages, each waiting on the next and the last on the first (a stage waiting on itself is
+    one), or None. A cycle never becomes ready: the sweep would wait for it forever."""
+    names = {e["name"] for e in plan}
+    after = {e["name"]: {a for a in e["after"] if a in names} for e in plan}
+    # Peel off the stages that could start (all they wait on peeled); what is left waits on a cycle or is in one.
+    left = dict(after)
+    peeled = True
+    while peeled:
+        ready = [n for n, ups in left.items() if not ups & left.keys()]
+        peeled = bool(ready)
+        for n in ready:
+            del left[n]
+    if not left:
+        return None
+    # Every stage left waits on another one left: walk upstream until a stage comes round again.
+    walk = [next(iter(left))]
+    while True:
+        up = min(left[walk[-1]] & left.keys())
+        if up in walk:
+            return walk[walk.index(up):] + [up]
+        walk.append(up)
+
+
+def check_acyclic(plan: list[dict], where: str) -> None:
+    cycle = find_cycle(plan)
+    if cycle:
+        raise DataError(f"{where}: the stages wait on each other in a cycle, each waiting on the next "
+                        f"({' -> '.join(cycle)}); none of them "
+                        "could ever start: remove one of these dependencies")
+
+
 def write_plan(plan: list[dict], path: Path) -> None:
     write_json(path, plan, indent=1)
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# What each key of a plan entry holds: a check and what the check wants, for the error.
+_ENTRY_TYPES = {
+    "stage": (lambda v: isinstance(v, str) and v != "", "a DVC stage address (text)"),
+    "name": (lambda v: isinstance(v, str) and v != "", "a stage name (text)"),
+    "cmd": (lambda v: isinstance(v, str), "a command line (text)"),
+    "wdir": (lambda v: isinstance(v, str), "a directory relative to the repository (text)"),
+    "after": (lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v), "a list of stage names"),
+    "cpus": (lambda v: _is_number(v) and v >= 0, "a number at least 0"),
+    "gpus": (lambda v: _is_number(v) and v >= 0, "a number at least 0"),
+    "fingerprint": (lambda v: v is None or isinstance(v, str), "the stage's fingerprint (text) or null"),
+}
+OPTIONAL_KEYS = {"fingerprint"}  # written by --write-plan, so that --record can tell the stage has not changed
+
+
+def check_entry(entry, i: int, path: Path) -> None:
+    if not isinstance(entry, dict):
+        raise DataError(f"{path}: entry {i} is a {type(entry).__name__}, not a mapping of {sorted(PLAN_KEYS)}")
+    missing = PLAN_KEYS - set(entry)
+    if missing:
+        raise DataError(f"{path}: entry {i} lacks {sorted(missing)}")
+    unknown = set(entry) - PLAN_KEYS - OPTIONAL_KEYS
+    if unknown:
+        raise DataError(f"{path}: entry {i} has unknown key(s) {sorted(unknown)} (known: "
+                        f"{sorted(PLAN_KEYS | OPTIONAL_KEYS)})")
+    for key, (ok, wanted) in _ENTRY_TYPES.items():
+        if key in entry and not ok(entry[key]):
+            raise DataError(f"{path}: entry {i} ('{entry.get('name')}'): {key} is {entry[key]!r}, not {wanted}")
+
+
 def read_plan(path: Path) -> list[dict]:
-    """A plan file, checked entry by entry: a bad one is an error naming the file and the entry."""
+    """A plan file, checked entry by entry: a bad one is an error naming the file and the entry; so is a cycle."""
     try:
         plan = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: not a readable plan (JSON list of stages): {e}") from None
     if not isinstance(plan, list):
-        raise DataError(f"{path}: a plan is a JSON list of stages")
+        raise DataError(f"{path}: a plan is a JSON list of stages, not a {type(plan).__name__}")
     names = set()
     for i, entry in enumerate(plan):
-        missing = PLAN_KEYS - set(entry) if isinstance(entry, dict) else PLAN_KEYS
-        if missing:
-            raise DataError(f"{path}: entry {i} lacks {sorted(missing)}")
+        check_entry(entry, i, path)
         if entry["name"] in names:
             raise DataError(f"{path}: entry {i}: stage '{entry['name']}' is planned twice")
         names.add(entry["name"])
+    check_acyclic(plan, str(path))
     return plan
+
+
+def refuse_unseen_changes(base: dict, params: dict, overrides, overlays, params_file, reads_params: bool) -> None:
+    """-S and --overlay change the params the sweep command reads (sweep.resources), never the stages': each stage
+    reads its params file itself, as dvc.yaml says, and dvc.lock records that file. A change the stages would not
+    see is refused, not dropped. `base`: the params file alone; `params`: with the overlays and overrides."""
+    options = [f"-S {o}" for o in overrides] + [f"--overlay {f}" for f in overlays]
+    if not options:
+        return
+    if not reads_params:
+        raise ParamError(f"{' '.join(options)}: --plan and --record read no params (a plan fixes each stage's "
+                         "command and resources): drop them, or give them when the plan is written")
+    changed = sorted(k for k in set(base) | set(params) if k != "sweep" and base.get(k) != params.get(k))
+    if changed:
+        raise ParamError(f"{' '.join(options)}: change {changed}, which the stages would not see (each reads "
+                         f"{params_file} itself, and dvc.lock records that file): set them there, or use "
+                         "`dvc exp run -S`; here -S and --overlay set only sweep.*")

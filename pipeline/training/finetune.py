@@ -108,7 +108,7 @@ def run_finetune(job: FinetuneJob, out_dir: Path, ckpt_dir: Path, plot_file: Pat
         model = build_model(job.model_config, tokenizer, t.seed)
     else:
         model = load_model(job.init, trust_remote_code=job.trust_remote_code)
-    check_vocab(model, tokenizer, job.init)
+    check_vocab(model, tokenizer, job.init, job.data.max_length)
     log.info("%s: %d samples, %d steps of %d samples, %.2fM parameters, %d process(es)", job.name,
              len(samples), total_steps, schedule.global_batch, count_parameters(model) / 1e6, world_size)
     model = prepare_model(model, t, f"finetune.models.{job.name}.train")

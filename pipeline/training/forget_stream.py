@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from pipeline.attribution.shards import read_manifest
+from pipeline.attribution.shards import check_shards, column_types, read_manifest
 from pipeline.attribution.variants import parse_score, require_columns, score_columns, variant_score
 from pipeline.attribution.weights import token_weights
 from pipeline.common.atomic import atomic_file
@@ -29,6 +29,7 @@ from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import model_hash, tokenizer_hash
 
 COLUMNS = ["sample_id", "input_ids", "scored", "delta", "entropy", "logp_orig"]
+LOGP_TOLERANCE = 1e-4  # a log-probability above this is no probability (rounding allows a little above 0)
 
 
 @dataclass
@@ -99,7 +100,10 @@ class ForgetStream:
         self._cache: OrderedDict[int, list[ForgetSample]] = OrderedDict()
         self.cache_size = 2 * window_shards  # a batch may straddle two windows
         self.decoded_shards = 0               # counts decodes (tests and the benchmark read it)
-        self.check_columns()
+        self.vocab_size: int | None = None    # the model's, once `check_source` has seen it: token ids are below it
+        self.check_shards(COLUMNS)  # readable, the manifest's row counts, the columns every weighting reads
+        self.check_columns()        # the score's own: a missing one names the signal that computes it
+        self.check_shards([c for c in self.weighting.columns if c not in COLUMNS])
 
     def __len__(self) -> int:
         return self.n_samples
@@ -114,12 +118,23 @@ class ForgetStream:
                     f"{self.shard_dir}: shards were made with {name}={meta.get(name)} (model {meta.get('model')!r}), "
                     f"but {model_path!r} has {name}={ours}; rerun `attribute` with this model"
                 )
+        weight = model.get_input_embeddings().weight
+        self.vocab_size = int(getattr(weight, "ds_shape", weight.shape)[0])  # under ZeRO-3 a partition is loaded
 
     def check_columns(self) -> None:
         """Refuse a score whose columns the shards lack, naming the signal stage one must compute."""
         if self.weighting.columns:  # uniform weights read no score
             require_columns(self.weighting.score, set(pq.ParquetFile(self.files[0]).schema_arrow.names),
                             self.shard_dir)
+
+    def check_shards(self, columns: list[str]) -> None:
+        """Every shard, before any is used: readable, the manifest's row count, and `columns` with their types (a
+        hand-made or foreign shard would otherwise fail mid-training with a traceback, or train on garbage)."""
+        hint = "; rerun `attribute`"
+        if self.manifest["metadata"].get("kind") == "retain_reference":  # the other stage's directory
+            hint = (f" ({self.shard_dir} is a reference cache, not attribution shards: pass `tokenunlearn "
+                    "attribute`'s output, e.g. artifacts/attribution)")
+        check_shards(self.shard_dir, self.manifest, column_types(columns), hint)
 
     def _decode(self, shard: int) -> list[ForgetSample]:
         file = self.files[shard]
@@ -136,13 +151,7 @@ class ForgetStream:
         columns = {"delta": delta, "entropy": entropy, "logp_orig": logp,
                    **{c: _list_column(table, c, np.float64)[0] for c in extra}}
         sample_ids = table.column("sample_id").to_pylist()
-        for name, values in columns.items():
-            bad = np.flatnonzero(scored & ~np.isfinite(values))  # NaN is expected only where a token is not scored
-            if bad.size:
-                row = int(np.searchsorted(off, bad[0], side="right")) - 1
-                kind = "NaN" if np.isnan(values[bad[0]]) else "inf"
-                raise DataError(f"{file}: column '{name}' holds {kind} at a scored token (sample {sample_ids[row]}, "
-                                f"position {bad[0] - off[row]}; {bad.size} such values): rerun `attribute`")
+        self.check_values(file, sample_ids, ids, off, scored, columns, table)
         out = []
         for row, sample_id in enumerate(sample_ids):
             s = slice(off[row], off[row + 1])
@@ -152,6 +161,40 @@ class ForgetStream:
                                              logp[s]))
         self.decoded_shards += 1
         return out
+
+    def check_values(self, file: Path, sample_ids: list, ids: np.ndarray, off: np.ndarray, scored: np.ndarray,
+                     columns: dict, table: pa.Table) -> None:
+        """A decoded shard's values, before they are trained on: every list as long as the sample, token ids in
+        the vocabulary, finite scores and log-probabilities at scored tokens (NaN is expected only elsewhere),
+        no log-probability above 0."""
+        for name in ["scored", *columns]:
+            lengths = np.diff(table.column(name).combine_chunks().offsets.to_numpy())
+            bad = np.flatnonzero(lengths != np.diff(off))
+            if bad.size:
+                row = int(bad[0])
+                raise DataError(f"{file}: column '{name}' of sample {sample_ids[row]} has {lengths[row]} values for "
+                                f"{off[row + 1] - off[row]} tokens: rerun `attribute`")
+
+        def where(bad: np.ndarray) -> str:
+            row = int(np.searchsorted(off, bad[0], side="right")) - 1
+            return f"sample {sample_ids[row]}, position {bad[0] - off[row]}; {bad.size} such values"
+
+        high = self.vocab_size if self.vocab_size is not None else np.iinfo(np.int64).max
+        bad = np.flatnonzero((ids < 0) | (ids >= high))
+        if bad.size:
+            limit = f"the model's vocabulary (0..{high - 1})" if self.vocab_size is not None else "0 or more"
+            raise DataError(f"{file}: token id {ids[bad[0]]} is not in {limit} ({where(bad)}): the shards were made "
+                            "with another tokenizer, or are corrupt; rerun `attribute`")
+        for name, values in columns.items():
+            bad = np.flatnonzero(scored & ~np.isfinite(values))
+            if bad.size:
+                kind = "NaN" if np.isnan(values[bad[0]]) else "inf"
+                raise DataError(f"{file}: column '{name}' holds {kind} at a scored token ({where(bad)}): "
+                                "rerun `attribute`")
+        bad = np.flatnonzero(scored & (columns["logp_orig"] > LOGP_TOLERANCE))
+        if bad.size:
+            raise DataError(f"{file}: column 'logp_orig' holds {columns['logp_orig'][bad[0]]:g}, a log-probability "
+                            f"above 0 ({where(bad)}): rerun `attribute`")
 
     def _shard(self, shard: int) -> list[ForgetSample]:
         if shard in self._cache:

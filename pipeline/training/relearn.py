@@ -98,7 +98,7 @@ def finetune_in_memory(model_path: str, rows: list[dict], data: DataConfig, trai
         raise DataError(f"{name}: no rows left to finetune on (all longer than data.max_length)")
     schedule = StepSchedule(len(samples), train.micro_batch_size, train.grad_accum, world_size, train.seed)
     model = load_model(model_path, trust_remote_code=trust_remote_code)
-    check_vocab(model, tokenizer, model_path)
+    check_vocab(model, tokenizer, model_path, data.max_length)
     engine = Engine(prepare_model(model, train, "relearn.train"), train,
                     train.total_steps(schedule.steps_per_epoch))
 

@@ -487,7 +487,7 @@ def retain_reference(cfg: UnlearnConfig, retain: list, engine, forget: ForgetStr
                                           cfg.retain_batch_size or engine.cfg.micro_batch_size, cfg.chunk_size)
     cache = ReferenceCache.load(reference_dir)
     cache.check(retain, cfg.retain_corpus or cfg.retain_split, forget.manifest["metadata"].get("model_hash"),
-                layers[0] if layers else None)
+                layers[0] if layers else None, _net(engine.engine).get_input_embeddings().num_embeddings)
     return None, cache
 
 
@@ -499,13 +499,12 @@ def run_unlearn_seeds(name: str, cfg: UnlearnConfig, train: TrainConfig, data: D
     has no record, so evaluation refuses it. With `resume`, a seed already finished with the same params is
     skipped (and a seed killed midway continues from its checkpoint). `monitor`: makes each seed's evaluation
     during training (`Monitor`), whose rows go to `monitor_dir/seed{S}.csv`."""
-    bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int)]
-    if bad or not seeds or len(set(seeds)) != len(seeds):
-        raise ParamError(f"unlearn.seeds={seeds!r}: a non-empty list of distinct integers")
+    seeds = check_seeds(seeds)
     init_distributed()
+    manifest = read_manifest(shard_dir)
+    earlier = _earlier_seeds(name, cfg, train, model_path, manifest, reference_dir, monitor, out_dir, seeds)
     if is_main_process():
         (out_dir / COMPLETE_RECORD).unlink(missing_ok=True)  # incomplete until every seed is done
-    manifest = read_manifest(shard_dir)
     summaries, fingerprints = [], {}
     selection = monitor.selection if monitor is not None else None
     for seed in seeds:
@@ -523,8 +522,53 @@ def run_unlearn_seeds(name: str, cfg: UnlearnConfig, train: TrainConfig, data: D
                                      ckpt_dir / f"seed{seed}", plots_dir / f"seed{seed}.csv", resume, reference_dir,
                                      monitor, monitor_dir / f"seed{seed}.csv" if monitor_dir else None, selection))
     if is_main_process():
-        write_json(out_dir / COMPLETE_RECORD, {"run": name, "seeds": list(seeds), "fingerprints": fingerprints})
+        fingerprints = {**earlier, **fingerprints}
+        write_json(out_dir / COMPLETE_RECORD, {"run": name, "seeds": sorted(int(s) for s in fingerprints),
+                                               "fingerprints": fingerprints})
     return summaries
+
+
+def check_seeds(seeds) -> list[int]:
+    """`unlearn.seeds` (or --seed): a non-empty list of distinct integers."""
+    ok = isinstance(seeds, (list, tuple)) and seeds and len(set(seeds)) == len(seeds) and \
+        all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+    if not ok:
+        raise ParamError(f"unlearn.seeds={seeds!r}: expected a non-empty list of distinct integers, e.g. [0, 1, 2]")
+    return list(seeds)
+
+
+def _recorded_fingerprint(record: Path) -> str | None:
+    try:
+        return json.loads(record.read_text()).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _earlier_seeds(name, cfg, train, model_path, manifest, reference_dir, monitor, out_dir: Path,
+                   seeds: list[int]) -> dict[str, str]:
+    """The seeds an earlier call wrote into `out_dir` (`--seed 0`, then `--seed 1`) that are still there and were
+    made with these same params: they stay in complete.json beside the new ones. Seeds of other params are left
+    out, with a warning, so evaluation never mixes two configurations."""
+    record = out_dir / COMPLETE_RECORD
+    try:
+        listed = json.loads(record.read_text()).get("fingerprints", {}) if record.is_file() else {}
+    except (ValueError, AttributeError):
+        listed = {}
+    kept, dropped = {}, []
+    selection = monitor.selection if monitor is not None else None
+    for key, recorded in (listed.items() if isinstance(listed, dict) else ()):
+        if not str(key).isdigit() or int(key) in seeds:
+            continue
+        seed = int(key)
+        now = seed_fingerprint(name, cfg, replace(train, seed=seed), model_path, manifest, reference_dir, selection)
+        if recorded == now == _recorded_fingerprint(seed_dir(out_dir, seed) / SEED_RECORD):
+            kept[str(seed)] = recorded
+        else:
+            dropped.append(seed)
+    if dropped:
+        log.warning("unlearn %s: seeds %s in %s were made with other params (or are gone): left out of %s",
+                    name, dropped, out_dir, COMPLETE_RECORD)
+    return kept
 
 
 def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataConfig, model_path: str,
@@ -550,7 +594,7 @@ def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataCon
     ds_config = deepspeed_config(train, world_size, total_steps)
     keep_alive = zero3_loading(ds_config)  # noqa: F841
     model = load_model(model_path, trust_remote_code=cfg.trust_remote_code)
-    check_vocab(model, tokenizer, model_path)
+    check_vocab(model, tokenizer, model_path, data.max_length)
     forget.check_source(model, model_path, tokenizer)
     model = prepare_model(model, train, f"unlearn.runs.{name}.train")  # checkpointing, LoRA adapters (train.lora)
     params = freeze_for_rmu(model, cfg) if cfg.method == "rmu" else None

@@ -229,3 +229,29 @@ def test_a_finetune_with_activation_checkpointing_follows_the_same_curve(micro_w
     assert checkpointed == pytest.approx(plain, rel=1e-5)
     for name in weights:
         assert torch.allclose(weights_ckpt[name], weights[name], rtol=1e-4, atol=1e-6), name
+
+
+def test_finetuning_stops_once_an_epochs_mean_loss_meets_stop_loss_and_records_where(micro_world_dir,
+                                                                                     micro_tokenizer_dir, tmp_path):
+    import json
+
+    from pipeline.training.finetune import TRAINING_RECORD, stop_rule
+
+    params = micro_params(micro_world_dir, micro_tokenizer_dir, epochs=4)
+    capped, _ = _finetune(params, tmp_path, "cap")
+    per_epoch = len(capped) // 4
+    epoch_means = [sum(capped[i:i + per_epoch]) / per_epoch for i in range(0, len(capped), per_epoch)]
+    threshold = (epoch_means[1] + epoch_means[2]) / 2  # met at the end of the third epoch, not before
+    params["finetune"]["models"]["m"]["stop_loss"] = threshold
+    stopped, _ = _finetune(params, tmp_path, "stop")
+    assert stopped == capped[: 3 * per_epoch]  # the same steps, ending at the third epoch's end
+    record = json.loads((tmp_path / "stop" / "model" / TRAINING_RECORD).read_text())
+    assert record["stopped_by"] == "stop_loss" and record["epochs"] == 3 and record["cap_steps"] == len(capped)
+    assert record["last_epoch_loss"] == pytest.approx(epoch_means[2], rel=1e-4)
+    assert json.loads((tmp_path / "cap" / "model" / TRAINING_RECORD).read_text())["stopped_by"] == "cap"
+    # the rule looks at whole epochs only: one easy step mid-epoch does not stop training
+    rule = stop_rule(0.5, steps_per_epoch=2)
+    assert not rule([{"loss": 0.1}]) and not rule([{"loss": 0.1}, {"loss": 1.0}]) and rule([{"loss": 0.4}] * 2)
+    params["finetune"]["models"]["m"]["stop_loss"] = -1
+    with pytest.raises(ParamError, match=r"finetune.models.m.stop_loss=-1: a positive number"):
+        job_from_params(params, "m")

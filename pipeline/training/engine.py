@@ -374,13 +374,15 @@ def train_loop(
     resume: bool,
     desc: str,
     on_step: Callable[[int], dict | None] | None = None,
+    stop: Callable[[list[dict]], bool] | None = None,
 ) -> list[dict]:
     """Run `engine.total_steps` optimizer steps; return the per-step metric history.
 
     With `resume`, a checkpoint in `ckpt_dir` of the same run (same fingerprint of params and data) is loaded
     and the run continues from its step; any other checkpoint there is discarded. `on_step(steps_done)`, after
     each step (an evaluation during training, say): what it returns joins that step's history row, so a
-    checkpoint keeps it.
+    checkpoint keeps it. `stop(history)`, after each step: True ends training there (a criterion met before the
+    cap); it reads only the history, which a checkpoint keeps, so a resumed run stops where an unbroken one does.
     """
     import torch.distributed as dist
 
@@ -418,6 +420,10 @@ def train_loop(
             engine.save_checkpoint(ckpt_dir, done, {"history": history})
             if is_main_process():
                 (ckpt_dir / "run.json").write_text(json.dumps({"fingerprint": run_fingerprint}))
+        if stop is not None and stop(history):
+            log.info("%s: stopped at step %d of %d (its criterion is met)", desc, done, engine.total_steps)
+            break
+    bar.close()
     return history
 
 

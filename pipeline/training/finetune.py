@@ -10,7 +10,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pipeline.common.atomic import atomic_dir, atomic_file
+from pipeline.common.atomic import atomic_dir, atomic_file, write_json
 from pipeline.common.distributed import init_distributed
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import build_model, check_vocab, count_parameters, load_model, load_tokenizer
@@ -37,14 +37,18 @@ class FinetuneJob:
     tokenizer: str | None = None   # defaults to the init model's own tokenizer
     model_config: dict = field(default_factory=dict)
     trust_remote_code: bool = False
+    # Memorise, then stop: at the end of each epoch, stop once that epoch's mean training loss is at most this;
+    # `train.epochs` is the cap. None: train every epoch (a fixed recipe).
+    stop_loss: float | None = None
 
 
-JOB_KEYS = {"init", "splits", "tokenizer", "train", "trust_remote_code"}
+JOB_KEYS = {"init", "splits", "tokenizer", "train", "trust_remote_code", "stop_loss"}
+TRAINING_RECORD = "finetune.json"  # beside the weights: where training stopped, and why
 
 
 def job_from_params(params: dict, name: str) -> FinetuneJob:
     """Model NAME of `finetune.models`: its init and splits, and `finetune.train` with its own `train:` overrides."""
-    check_keys(section(params, "finetune"), ("train", "models"), "finetune")
+    finetune = check_keys(section(params, "finetune"), ("train", "models", "stop_loss"), "finetune")
     model_section = check_keys(params.get("model") or {}, ("config",), "model")
     models = section(params, "finetune.models")
     if name not in models:
@@ -71,7 +75,33 @@ def job_from_params(params: dict, name: str) -> FinetuneJob:
         tokenizer=spec.get("tokenizer"),
         model_config=dict(model_section.get("config") or {}),
         trust_remote_code=bool(spec.get("trust_remote_code", False)),
+        stop_loss=_stop_loss(spec.get("stop_loss", finetune.get("stop_loss")),
+                             f"finetune.models.{name}.stop_loss" if "stop_loss" in spec else "finetune.stop_loss"),
     )
+
+
+def _stop_loss(value, key: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value:
+        raise ParamError(f"{key}={value!r}: a positive number (the epoch's mean training loss to stop at), or null")
+    return float(value)
+
+
+def stop_rule(stop_loss: float | None, steps_per_epoch: int):
+    """The criterion `train_loop` checks after each step: at an epoch's end, that epoch's mean loss at most
+    `stop_loss`. The mean over the epoch, not one step's loss, so one easy batch does not stop training."""
+    if stop_loss is None:
+        return None
+
+    def met(history: list[dict]) -> bool:
+        steps = len(history)
+        if steps % steps_per_epoch:
+            return False
+        epoch = [row["loss"] for row in history[-steps_per_epoch:]]
+        return sum(epoch) / len(epoch) <= stop_loss
+
+    return met
 
 
 def load_samples(job: FinetuneJob, tokenizer) -> list[EncodedSample]:
@@ -121,16 +151,28 @@ def run_finetune(job: FinetuneJob, out_dir: Path, ckpt_dir: Path, plot_file: Pat
     run_id = fingerprint({"job": asdict(job), "world_size": world_size,
                           "data": [s.input_ids for s in samples]})
     history = train_loop(engine, batches_for_step, causal_lm_loss, ckpt_dir, run_id, resume,
-                         desc=f"finetune {job.name}")
+                         desc=f"finetune {job.name}", stop=stop_rule(job.stop_loss, schedule.steps_per_epoch))
+    record = training_record(job, history, schedule.steps_per_epoch, total_steps)
 
     def write(state_dict: dict | None) -> None:
         with atomic_dir(out_dir) as tmp:  # the model, or with LoRA the merged model or the adapter (train.lora.save)
             write_trained(engine.module, tokenizer, tmp, state_dict, t.lora_spec, base=job.init)
+            write_json(tmp / TRAINING_RECORD, record)
         write_history(history, plot_file)
 
     engine.finish(write, ckpt_dir)
-    return {"name": job.name, "steps": total_steps, "samples": len(samples),
-            "final_loss": history[-1]["loss"] if history else None}
+    return {"name": job.name, "steps": len(history), "samples": len(samples),
+            "final_loss": history[-1]["loss"] if history else None, **record}
+
+
+def training_record(job: FinetuneJob, history: list[dict], steps_per_epoch: int, cap_steps: int) -> dict:
+    """Where training stopped and why: the criterion met (`stop_loss`), or the cap (`train.epochs`) reached."""
+    steps = len(history)
+    last = [row["loss"] for row in history[-steps_per_epoch:]]
+    return {"steps": steps, "epochs": round(steps / steps_per_epoch, 3), "cap_steps": cap_steps,
+            "stop_loss": job.stop_loss,
+            "stopped_by": "stop_loss" if job.stop_loss is not None and steps < cap_steps else "cap",
+            "last_epoch_loss": round(sum(last) / len(last), 6) if last else None}
 
 
 def write_history(history: list[dict], path: Path) -> None:

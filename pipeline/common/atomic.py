@@ -42,7 +42,8 @@ def _tmp_sibling(target: Path, is_dir: bool) -> Path:
     return Path(name)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` of this host is running (another user's counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -59,7 +60,7 @@ def remove_leftovers(target: Path) -> list[Path]:
     for path in target.parent.glob(f".{glob.escape(target.name)}.*"):
         rest = path.name[len(target.name) + 2:]
         m = re.fullmatch(rf"tmp-{re.escape(host)}-(\d+)-.*|old-(\d+)", rest)
-        if not m or _pid_alive(int(m.group(1) or m.group(2))):
+        if not m or pid_alive(int(m.group(1) or m.group(2))):
             continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)

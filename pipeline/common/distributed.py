@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.common.atomic import pid_alive
 from pipeline.common.paths import cache_dir
 
 
@@ -96,15 +97,9 @@ def stale_lock_owner(path: Path, empty_after_seconds: float) -> str | None:
         return None
     if len(text) == 2 and text[1].isdigit():
         host, pid = text[0], int(text[1])
-        if host != socket.gethostname():
+        if host != socket.gethostname() or pid_alive(pid):
             return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return f"pid {pid} on {host}, not running"
-        except PermissionError:
-            pass
-        return None
+        return f"pid {pid} on {host}, not running"
     return f"an empty lock {age:.0f} s old" if age > empty_after_seconds else None
 
 

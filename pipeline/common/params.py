@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import re
 import types
 import typing
@@ -225,6 +226,7 @@ def dataclass_from_params(cls: type[T], values: dict, where: str, origins: dict[
         raise ParamError(f"{where}: {e}") from None
 
 
+@functools.lru_cache(maxsize=None)  # resolved once per dataclass, not once per field and call
 def _type_hints(cls) -> dict:
     try:
         return typing.get_type_hints(cls)

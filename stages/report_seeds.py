@@ -1,5 +1,6 @@
-"""Stage `report-seeds`: the main table over model seeds × unlearning seeds, and each token-level variant against
-its method with a paired bootstrap interval (params: seeds, unlearn.seeds, unlearn.runs, tune)."""
+"""Stage `report-seeds`: the main table over model seeds × unlearning seeds, each token-level variant against
+its method with a paired bootstrap interval, and their bisections' trade-off curves compared at equal utility
+(params: seeds, unlearn.seeds, unlearn.runs, tune)."""
 
 import json
 import logging
@@ -11,9 +12,10 @@ from pipeline.common.atomic import atomic_file, hold_outputs
 from pipeline.evaluation.eval_io import write_strict_json
 from pipeline.common.errors import ParamError
 from pipeline.common.params import check_keys, section
-from pipeline.evaluation.report import paper_name
+from pipeline.evaluation.report import run_row
 from pipeline.evaluation.significance import (comparison_table, comparisons, load_cells, lr_table, main_table,
                                               variant_pairs)
+from pipeline.evaluation.tradeoff import write_curves
 
 from .options import params_options
 
@@ -27,7 +29,8 @@ log = logging.getLogger(__name__)
 @click.option("--experiment", default="seeds", show_default=True,
               help="The params section naming the model seeds and runs (its `models` and `runs`): seeds or ladder.")
 @click.option("--out", default="artifacts/seeds/report", show_default=True, type=click.Path(file_okay=False),
-              help="results.md, results.csv, comparisons.csv and comparisons.json.")
+              help="results.md, results.csv, comparisons.csv, comparisons.json, curves.csv, curve_comparisons.csv and "
+              "tradeoff_{method}.png.")
 def command(params: dict, root, experiment, out) -> None:
     """The table of the runs over the model seeds × unlearn.seeds (params: seeds, or --experiment's section), and
     the variant − method comparisons."""
@@ -43,11 +46,12 @@ def command(params: dict, root, experiment, out) -> None:
     boot = {"samples": 10000, "confidence": 0.95, "seed": 0, **(section(params, "seeds").get("bootstrap") or {})}
     specs = {n: {**defaults, **runs_params[n]} for n in seeds["runs"]}
     labels = {"target": "before unlearning", "retain": "retain model",
-              **{n: paper_name(s["method"], s["weighting"]) for n, s in specs.items()}}
+              **{n: run_row(n, s, {}).label + (f" mix {s['mix']}" if s.get("mix") else "")  # T-NPO [learned]
+                 for n, s in specs.items()}}
     model_seeds, unlearn_seeds = list(seeds["models"]), list(section(params, "unlearn.seeds"))
     cells = load_cells(Path(root), model_seeds, seeds["runs"], unlearn_seeds)
-    results, level = comparisons(cells, variant_pairs(specs, seeds["runs"]), boot["confidence"], boot["samples"],
-                                 boot["seed"])
+    pairs = variant_pairs(specs, seeds["runs"])
+    results, level = comparisons(cells, pairs, boot["confidence"], boot["samples"], boot["seed"])
     table_md, table_csv = main_table(cells, labels)
     comp_md, comp_csv = comparison_table(results, labels, level)
     lrs_md = lr_table(Path(root), model_seeds, seeds["runs"], labels)
@@ -62,7 +66,8 @@ def command(params: dict, root, experiment, out) -> None:
                 f"then unlearning seeds within each); family-wise confidence {boot['confidence']} by Bonferroni over "
                 f"the {len(results)} comparisons. Verdicts: {counts['better']} better, {counts['worse']} worse, "
                 f"{counts['undecided']} undecided.\n\n" + comp_md
-                + "\n### Learning rates: bisected onto the utility floor per model seed\n\n" + lrs_md)
+                + "\n### Learning rates: bisected onto the utility floor per model seed\n\n" + lrs_md + "\n"
+                + write_curves(Path(root), model_seeds, seeds["runs"], specs, pairs, out_dir))
         with atomic_file(out_dir / "results.md") as f:
             f.write(text)
         with atomic_file(out_dir / "results.csv") as f:

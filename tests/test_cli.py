@@ -10,7 +10,7 @@ from stages.cli import cli
 
 from .conftest import REPO, cli_env
 
-NO_PARAMS = {"download-tagger", "export-open-unlearning", "compare-attribution", "code-deps"}  # no params file
+NO_PARAMS = {"download-tagger", "export-open-unlearning", "compare-attribution", "code-deps", "diagnose"}  # no params file
 
 
 @pytest.mark.parametrize("command", sorted(cli.commands))

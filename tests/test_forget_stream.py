@@ -75,6 +75,22 @@ def test_the_weights_file_holds_every_sample_in_shard_order(shards, tmp_path):
     assert json.loads(uniform) == {"weighting": "uniform"}
 
 
+def test_mix_spreads_a_share_of_the_weights_and_mix_zero_writes_the_same_weights_file(shards, tmp_path):
+    for strategy in ("hard", "soft"):
+        write_token_weights(ForgetStream(shards, Weighting(strategy)), tmp_path / f"{strategy}.parquet")
+        write_token_weights(ForgetStream(shards, Weighting(strategy, mix=0.0)), tmp_path / f"{strategy}0.parquet")
+        assert (tmp_path / f"{strategy}.parquet").read_bytes() == (tmp_path / f"{strategy}0.parquet").read_bytes()
+    stream = ForgetStream(shards, Weighting("hard", r=0.2, mix=0.5))
+    for sample in stream.get(range(40)):
+        scored = sample.scored
+        expected = token_weights("hard", sample.phi[scored], r=0.2, mix=0.5)
+        assert sample.weights[scored].tolist() == expected.tolist() and (sample.weights[~scored] == 0).all()
+        assert sample.weights[scored].sum() == pytest.approx(1.0) and sample.weights[scored].min() > 0
+    write_token_weights(stream, tmp_path / "mix.parquet")
+    meta = json.loads(pq.read_table(tmp_path / "mix.parquet").schema.metadata[b"tokenunlearn"])
+    assert meta == {"weighting": "hard", "r": 0.2, "alpha": 0.7, "score": "phi", "mix": 0.5}
+
+
 def test_a_sample_without_scored_tokens_names_the_shard(tmp_path):
     shards = write_synthetic_shards(tmp_path / "s", n_samples=2, rows_per_shard=2)
     file = shards / "part-00000.parquet"

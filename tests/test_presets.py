@@ -141,8 +141,26 @@ def test_the_seeds_and_ladder_overlays_build_their_stage_configs(rung, millions)
         for name in experiment["runs"]:
             run_configs(params, name)
     assert rung in section(params, "ladder.rungs")
+    assert "learned" not in section(params, "attribution.signals")  # real TOFU has no fact annotations to learn from
     config = LlamaConfig(**section(params, "model.config"), vocab_size=4096)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     assert sum(p.numel() for p in model.parameters()) / 1e6 == pytest.approx(millions, rel=0.01)
     assert section(params, "unlearn.methods.rmu.rmu_layer") < config.num_hidden_layers
+
+
+def test_the_diagnosis_overlay_builds_its_runs_and_the_seeds_recipe_memorises_by_loss():
+    """experiments/diagnosis (configs/paper.yaml, overlays seeds and diagnosis): its own runs weight by the fact
+    annotations, the runs it compares are make seeds' runs, and the seeds' target and retain stop on their loss."""
+    from pipeline.training.finetune import job_from_params
+    from pipeline.training.unlearn import run_configs
+
+    params = load_params(CONFIGS / "paper.yaml", [CONFIGS / "seeds.yaml", CONFIGS / "diagnosis.yaml"])
+    diagnosis = section(params, "diagnosis")
+    for name in diagnosis["runs"]:
+        assert run_configs(params, name)[0].score == "oracle"
+    assert set(diagnosis["compare"]) <= set(section(params, "seeds.runs"))
+    for model in ("target", "retain"):
+        job = job_from_params(params, model)
+        assert job.stop_loss == 0.02 and job.train.epochs == 60
+    assert job_from_params(params, "base").stop_loss is None

@@ -170,6 +170,33 @@ def test_a_run_reads_defaults_then_its_methods_then_its_weightings_section_then_
         run_configs(params, "npo")
 
 
+def test_mix_is_read_like_r_and_tau_and_refused_on_uniform_weights():
+    params = {"unlearn": {"train": TRAIN, "defaults": {},
+                          "weightings": {"uniform": {}, "hard": {"r": 0.2, "mix": 0.3}, "soft": {"tau": 0.5}},
+                          "runs": {"t_npo": {"method": "npo", "weighting": "hard"},
+                                   "t_half": {"method": "npo", "weighting": "hard", "mix": 0.5},
+                                   "s_npo": {"method": "npo", "weighting": "soft"},
+                                   "npo": {"method": "npo", "weighting": "uniform", "mix": 0.0}}}}
+    assert run_configs(params, "t_npo")[0].mix == 0.3                  # the weighting's
+    assert run_configs(params, "t_half")[0].weighting_spec.mix == 0.5   # the run's own wins, and reaches the weights
+    assert run_configs(params, "s_npo")[0].mix == 0.0                   # the default: the weights alone
+    with pytest.raises(ParamError, match=r"^unlearn.runs.npo.mix=0.0: the uniform weighting spreads the push evenly "
+                                         r"already; mix is for the hard and soft weightings"):
+        run_configs(params, "npo")
+    del params["unlearn"]["runs"]["npo"]["mix"]
+    params["unlearn"]["defaults"]["mix"] = 0.2
+    with pytest.raises(ParamError, match=r"^unlearn.defaults.mix=0.2: the uniform weighting"):
+        run_configs(params, "npo")
+    params["unlearn"]["defaults"] = {}
+    assert run_configs(params, "npo")[0].mix == 0.0
+    params["unlearn"]["runs"]["t_half"]["mix"] = 1.5
+    with pytest.raises(ParamError, match=r"^unlearn.runs.t_half.mix=1.5: must be in \[0, 1\]$"):
+        run_configs(params, "t_half")
+    params["unlearn"]["weightings"]["hard"]["mix"] = "lots"
+    with pytest.raises(ParamError, match=r"^unlearn.weightings.hard.mix='lots': expected float$"):
+        run_configs(params, "t_npo")
+
+
 def test_corpus_unlearning_keeps_the_other_authors_passages(micro_world_dir, micro_model_dir, micro_tokenizer,
                                                             tmp_path):
     from pipeline.attribution.run import AttributionConfig, run_attribution
@@ -219,6 +246,8 @@ def test_a_runs_record_depends_only_on_the_params_its_weights_use():
     assert used(method="npo", weighting="uniform", tau=0.5) == used(method="npo", weighting="uniform", tau=1.0)
     assert used(method="npo", weighting="hard", tau=0.5) == used(method="npo", weighting="hard", tau=1.0)
     assert used(method="npo", weighting="soft", tau=0.5) != used(method="npo", weighting="soft", tau=1.0)
+    assert used(method="npo", weighting="hard", mix=0.0) == used(method="npo", weighting="hard")  # as before mix
+    assert used(method="npo", weighting="hard", mix=0.5) != used(method="npo", weighting="hard")
     assert used(method="ga", gamma=1.0) == used(method="ga", gamma=2.0)
     assert used(method="wga", gamma=1.0) != used(method="wga", gamma=2.0)
     assert used(method="ga", retain_weight=0.1) != used(method="ga", retain_weight=0.2)

@@ -238,6 +238,23 @@ def test_stage_two_weights_by_the_chosen_variant(variant_shards, attribution_dir
         ForgetStream(attribution_dir[0] / "shards", Weighting("hard", score="learned+span"))
 
 
+
+def test_the_oracle_weights_the_annotated_facts_and_is_never_a_candidate(variant_shards):
+    # a diagnostic: ω from the world's own fact tokens (what pushing only the facts does), never measured or chosen
+    assert "oracle" not in available_scores({"delta", "entropy", "fact", "copied", "span"})
+    assert signals_for("oracle") == [] and score_columns("oracle") == ("fact",)
+    table = {r["sample_id"]: r for r in read_table(variant_shards / "shards").to_pylist()}
+    mixed = 0
+    for sample in ForgetStream(variant_shards / "shards", Weighting("soft", tau=0.5, score="oracle")):
+        scored = np.array(table[sample.sample_id]["scored"])
+        fact = np.array(table[sample.sample_id]["fact"])[scored]
+        np.testing.assert_array_equal(sample.phi[scored], fact.astype(float))
+        w = sample.weights[scored]
+        if fact.any() and not fact.all():  # softmax(fact / 0.5): a fact token weighs e² times any other
+            np.testing.assert_allclose(w[fact].min() / w[~fact].max(), np.exp(2.0))
+            mixed += 1
+    assert mixed > 0
+
 # --- choosing and comparing ------------------------------------------------------------------------------------
 
 def test_precision_recall_are_micro_averages_with_a_bootstrap_interval():

@@ -49,3 +49,74 @@ def test_registry():
     assert token_weights("hard", phi, r=0.5).tolist() == [0.0, 1.0]
     with pytest.raises(ParamError, match="weighting='topk'"):
         token_weights("topk", phi)
+
+
+# ---- mix: a share of each sample's push spread evenly over its scored tokens ----------------------------------
+
+def test_hard_weights_with_mix_are_a_mixture_of_the_selection_and_the_token_mean():
+    phi = np.array([0.1, 0.9, 0.5, 0.3])  # r = 0.5 selects positions 1 and 2
+    # ω = 0.5·1/4 + 0.5·[0, 1, 1, 0]/2
+    assert token_weights("hard", phi, r=0.5, mix=0.5).tolist() == [0.125, 0.375, 0.375, 0.125]
+    assert token_weights("hard", phi, r=0.5, mix=0.2).tolist() == pytest.approx([0.05, 0.45, 0.45, 0.05])
+    assert token_weights("hard", np.array([0.7]), r=0.2, mix=0.5).tolist() == [1.0]  # one token: all of it
+
+
+def test_soft_weights_with_mix():
+    phi = np.array([0.0, math.log(3.0)])  # softmax(φ / 1) = [1/4, 3/4]
+    assert token_weights("soft", phi, tau=1.0).tolist() == pytest.approx([0.25, 0.75])
+    # ω = 0.2·1/2 + 0.8·[1/4, 3/4]
+    assert token_weights("soft", phi, tau=1.0, mix=0.2).tolist() == pytest.approx([0.3, 0.7])
+
+
+def test_mix_zero_is_the_weights_without_it():
+    from pipeline.attribution.weights import mixed_weights
+
+    phi = np.array([0.1, 0.9, 0.5, 0.9, 0.2, 0.0, 0.3, 0.4, 0.6, 0.7])
+    for strategy in ("uniform", "hard", "soft"):
+        old = token_weights(strategy, phi, r=0.3, tau=0.5)
+        new = token_weights(strategy, phi, r=0.3, tau=0.5, mix=0.0)
+        assert new.dtype == old.dtype and new.tobytes() == old.tobytes()
+    assert token_weights("hard", phi, r=0.3, mix=0).tolist() == hard_weights(phi, r=0.3).tolist()  # an int 0 too
+    w = hard_weights(phi, r=0.3)
+    assert mixed_weights(w, 0.0) is w  # the very array: nothing is renormalised
+
+
+def test_mix_one_is_the_uniform_weighting_in_the_weighted_mean():
+    import torch
+
+    from pipeline.training.losses import weighted_sample_mean
+
+    phi = np.array([0.1, 0.9, 0.5, 0.3])
+    losses = torch.tensor([[1.0, 2.0, 4.0, 8.0]], dtype=torch.float64)
+
+    def mean(w):
+        return weighted_sample_mean(losses, torch.from_numpy(np.asarray(w, dtype=np.float64))[None]).item()
+
+    for strategy in ("hard", "soft"):
+        w = token_weights(strategy, phi, r=0.5, tau=0.5, mix=1.0)
+        assert w.tolist() == pytest.approx([0.25] * 4)  # uniform's ω = 1, up to scale
+        assert mean(w) == pytest.approx(mean(token_weights("uniform", phi))) == pytest.approx(3.75)
+    # in between, the weighted mean interpolates: 0.5·(token mean) + 0.5·(mean over the selected tokens)
+    assert mean(token_weights("hard", phi, r=0.5, mix=0.5)) == pytest.approx(0.5 * 3.75 + 0.5 * 3.0)
+
+
+def test_mix_out_of_range_or_on_uniform_weights_is_refused():
+    from pipeline.training.forget_stream import Weighting
+
+    phi = np.array([0.2, 0.8])
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ParamError, match=r"^mix=.*: must be in \[0, 1\]$"):
+            token_weights("hard", phi, mix=bad)
+    for bad in ("0.5", None, True):
+        with pytest.raises(ParamError, match=r"^mix=.*: expected a number in \[0, 1\]$"):
+            token_weights("soft", phi, mix=bad)
+    with pytest.raises(ParamError, match=r"^mix=0.5: the uniform weighting spreads the push evenly already"):
+        token_weights("uniform", phi, mix=0.5)
+    with pytest.raises(ParamError, match=r"^mix=0.5: the uniform weighting"):
+        Weighting("uniform", mix=0.5)
+    with pytest.raises(ParamError, match=r"^mix=2: must be in \[0, 1\]$"):
+        Weighting("hard", mix=2)
+    assert Weighting("uniform").used() == {"weighting": "uniform"}
+    assert Weighting("hard", mix=0.0).used() == {"weighting": "hard", "r": 0.2, "alpha": 0.7, "score": "phi"}
+    assert Weighting("hard", mix=0.25).used() == {"weighting": "hard", "r": 0.2, "alpha": 0.7, "score": "phi",
+                                                 "mix": 0.25}

@@ -63,7 +63,11 @@ BASES: dict[str, tuple[tuple[str, ...], ScoreFn]] = {
     "noun_max": (("delta_noun_max",), _phi_with("delta_noun_max")),
     "grad_x_input": (("grad_x_input",), lambda c, alpha: minmax(c["grad_x_input"])),
     "learned": (("learned",), lambda c, alpha: np.asarray(c["learned"], dtype=np.float64)),
+    # the ground truth itself (1 on the world's fact tokens): a diagnostic upper bound on attribution, for data
+    # with fact annotations only; never among the variants measured or chosen (available_scores)
+    "oracle": (("fact",), lambda c, alpha: np.asarray(c["fact"], dtype=np.float64)),
 }
+DIAGNOSTIC_BASES = ("oracle",)
 MODIFIERS: dict[str, str] = {"nocopy": "copied", "span": "span"}  # modifier -> the column it reads, in the
                                                                    # order they apply (and must be written)
 
@@ -137,8 +141,8 @@ def available_scores(columns: set[str]) -> list[str]:
     columns exist (in their order)."""
     mods = [m for m, col in MODIFIERS.items() if col in columns]
     combos = [c for k in range(len(mods) + 1) for c in itertools.combinations(mods, k)]
-    return ["+".join([base, *combo]) for base, (cols, _) in BASES.items() if set(cols) <= columns
-            for combo in combos]
+    return ["+".join([base, *combo]) for base, (cols, _) in BASES.items()
+            if set(cols) <= columns and base not in DIAGNOSTIC_BASES for combo in combos]
 
 
 # --- signals from the text: copied tokens and spans ---------------------------------------------------------

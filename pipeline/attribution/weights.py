@@ -9,6 +9,10 @@ stage one's inspection and quality measures use the same selection without impor
 
 Stage two uses the weighted mean Σ ω_i ℓ_i / Σ ω_i, so uniform gives the token mean, hard the mean over the
 selected tokens and soft the softmax-weighted average.
+
+`mix` (hard and soft) keeps that share of each sample's push on every scored token: the weights become the mixture
+of two distributions over the sample's n scored tokens, ω_i = mix·1/n + (1 − mix)·ω_i / Σ_j ω_j, so mix = 0 gives
+the weights above unchanged (the same array) and mix = 1 the token mean of the uniform weighting.
 """
 
 from __future__ import annotations
@@ -53,9 +57,35 @@ WEIGHTING: dict[str, Callable[..., np.ndarray]] = {
 }
 
 
-def token_weights(strategy: str, phi: np.ndarray, r: float = 0.2, tau: float = 0.5) -> np.ndarray:
+def check_mix(mix, where: str = "mix") -> float:
+    """`mix` as a number in [0, 1], or an error naming `where` (the param's key)."""
+    if isinstance(mix, bool) or not isinstance(mix, (int, float, np.integer, np.floating)):
+        raise ParamError(f"{where}={mix!r}: expected a number in [0, 1]")
+    if not 0.0 <= mix <= 1.0:  # NaN fails too
+        raise ParamError(f"{where}={mix!r}: must be in [0, 1]")
+    return float(mix)
+
+
+def mixed_weights(weights: np.ndarray, mix: float) -> np.ndarray:
+    """mix·1/n + (1 − mix)·ω / Σ ω over one sample's n scored tokens; mix = 0: `weights` itself, untouched."""
+    mix = check_mix(mix)
+    if mix == 0.0 or len(weights) == 0:
+        return weights
+    total = weights.sum()
+    if not total > 0:  # hard weights select at least one token and soft ones sum to 1: never here
+        raise ValueError(f"token weights summing to {total}: cannot be normalised for mix={mix}")
+    return mix / len(weights) + (1.0 - mix) * (weights / total)
+
+
+def token_weights(strategy: str, phi: np.ndarray, r: float = 0.2, tau: float = 0.5, mix: float = 0.0) -> np.ndarray:
     try:
         fn = WEIGHTING[strategy]
     except KeyError:
         raise ParamError(f"weighting='{strategy}': unknown (choose from {sorted(WEIGHTING)})") from None
-    return fn(np.asarray(phi, dtype=np.float64), r=r, tau=tau)
+    weights = fn(np.asarray(phi, dtype=np.float64), r=r, tau=tau)
+    if strategy == "uniform":
+        if check_mix(mix) != 0.0:
+            raise ParamError(f"mix={mix!r}: the uniform weighting spreads the push evenly already; mix is for "
+                             f"hard and soft weights")
+        return weights
+    return mixed_weights(weights, mix)

@@ -25,7 +25,7 @@ T = TypeVar("T")
 
 # The sections a params file (or an overlay) may have.
 SECTIONS = ("world", "tokenizer", "data", "model", "finetune", "check", "attribution", "reference", "unlearn",
-            "evaluate", "relearn", "report", "tune", "sweep", "seeds", "ladder")
+            "evaluate", "relearn", "report", "tune", "sweep", "seeds", "ladder", "diagnosis")
 
 
 class _Loader(yaml.SafeLoader):

@@ -1,7 +1,7 @@
 """The forget set for stage two, streamed from the attribution shards, with this run's token weights.
 
 The weights ω come from the shards' columns here (φ, or the attribution variant of `score`, is recomputed with
-this run's α), so r, τ, α and the score are stage two's params. Memory holds at most a few decoded shards,
+this run's α), so r, τ, mix, α and the score are stage two's params. Memory holds at most a few decoded shards,
 whatever the number of shards: each epoch
 visits the shards in a seeded order, in windows of `window_shards` shards, and shuffles the samples within
 a window (the usual shard-then-buffer shuffle of streaming loaders). The order is a pure function of the
@@ -23,7 +23,7 @@ import torch
 
 from pipeline.attribution.shards import check_shards, column_types, read_manifest
 from pipeline.attribution.variants import parse_score, require_columns, score_columns, variant_score
-from pipeline.attribution.weights import token_weights
+from pipeline.attribution.weights import check_mix, token_weights
 from pipeline.common.atomic import atomic_file
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import model_hash, tokenizer_hash
@@ -52,13 +52,22 @@ class Weighting:
     tau: float = 0.5
     alpha: float = 0.7
     score: str = "phi"          # the attribution variant (pipeline/attribution/variants.py): phi is the paper's
+    mix: float = 0.0            # hard, soft: the share of each sample's push spread evenly over its scored tokens
 
     def __post_init__(self):
         parse_score(self.score)
+        if check_mix(self.mix) != 0.0 and self.strategy == "uniform":
+            raise ParamError(f"mix={self.mix!r}: the uniform weighting spreads the push evenly already; mix is for "
+                             f"hard and soft weights")
 
     def used(self) -> dict:
-        """The parameters these weights depend on (uniform ones depend on none of r, τ, α, the score)."""
-        return {"weighting": self.strategy, **{name: getattr(self, name) for name in USES[self.strategy]}}
+        """The parameters these weights depend on (uniform ones depend on none of r, τ, α, the score). mix is named
+        only where it is not 0: weights without it are named (in the weights' file, in a run's fingerprint) as
+        before mix existed, so such a run's outputs stay byte-identical."""
+        used = {"weighting": self.strategy, **{name: getattr(self, name) for name in USES[self.strategy]}}
+        if self.mix != 0.0:
+            used["mix"] = self.mix
+        return used
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -71,7 +80,7 @@ class Weighting:
         score = self.score if self.strategy != "uniform" else "phi"
         phi_scored = variant_score(score, {k: v[scored] for k, v in columns.items()}, self.alpha)
         weights = np.zeros(len(scored))
-        weights[scored] = token_weights(self.strategy, phi_scored, r=self.r, tau=self.tau)
+        weights[scored] = token_weights(self.strategy, phi_scored, r=self.r, tau=self.tau, mix=self.mix)
         phi = np.full(len(scored), np.nan)
         phi[scored] = phi_scored
         return ForgetSample(sample_id, input_ids, scored, weights, np.nan_to_num(logp_orig, nan=0.0), phi)

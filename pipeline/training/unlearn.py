@@ -1,7 +1,7 @@
 """Stage two: unlearning on the DeepSpeed engine, from the attribution shards and retain data.
 
 The forget set streams from the shards (`ForgetStream`), with token weights ω computed here from Δ and H, so
-r, τ and α are this stage's params and changing them never reruns attribution. Each method is a forget loss in
+r, τ, mix and α are this stage's params and changing them never reruns attribution. Each method is a forget loss in
 `METHODS`; a retention term from `RETAIN_LOSSES` (λ·KL(p_ref ‖ p_θ) on retain answers by default, NLL, or RMU's
 activation matching) is added to every method.
 """
@@ -50,6 +50,8 @@ class UnlearnConfig:
     weighting: str = "uniform"         # uniform (sequence level) | hard (T-) | soft (S-)
     r: float = 0.2                     # hard: the top-r fraction of φ
     tau: float = 0.5                   # soft: softmax(φ / τ)
+    mix: float = 0.0                   # hard, soft: the share of each sample's push spread evenly over its scored
+                                       # tokens, ω = mix·1/n + (1 − mix)·ω/Σω (0: the weights alone; 1: uniform's)
     alpha: float = 0.7                 # φ = α·minmax(Δ) + (1−α)·minmax(H), recomputed from the shards' Δ and H
     score: str = "phi"                 # the attribution variant weighted (phi: the paper's; e.g. learned+span, see
                                        # pipeline/attribution/variants.py); its columns must be in the shards
@@ -79,13 +81,17 @@ class UnlearnConfig:
             values = {"retain_loss": method.own_retain[0], "retain_weight": method.own_retain[1], **values}
         cfg = dataclass_from_params(cls, values, where, origins)
         rules = {"method": one_of(sorted(METHODS)), "weighting": one_of(sorted(WEIGHTING)),
-                 "r": between(0, 1, lo_open=True), "tau": positive(), "alpha": between(0, 1),
+                 "r": between(0, 1, lo_open=True), "tau": positive(), "mix": between(0, 1), "alpha": between(0, 1),
                  "retain_loss": one_of(sorted(RETAIN_LOSSES)), "retain_weight": at_least(0), "gamma": at_least(0),
                  "beta": positive(), "rmu_layer": at_least(1), "retain_batch_size": at_least(0),
                  "retain_reference": one_of(["cache", "model"]), "chunk_size": at_least(1),
                  "reference_top_k": at_least(1)}
         check_rules(cfg, rules, where, origins)
         parse_score(cfg.score, (origins or {}).get("score", f"{where}.score"))  # names what is wrong with it
+        if cfg.weighting == "uniform" and "mix" in values:  # the key itself, even 0: it would mean nothing here
+            key = (origins or {}).get("mix", f"{where}.mix")
+            raise ParamError(f"{key}={values['mix']!r}: the uniform weighting spreads the push evenly already; mix "
+                             f"is for the hard and soft weightings (unlearn.weightings.hard.mix / soft.mix)")
         own = METHODS[cfg.method].own_retain
         if own and cfg.retain_loss != own[0]:
             key = (origins or {}).get("retain_loss", f"{where}.retain_loss")
@@ -95,7 +101,7 @@ class UnlearnConfig:
 
     @property
     def weighting_spec(self) -> Weighting:
-        return Weighting(self.weighting, self.r, self.tau, self.alpha, self.score)
+        return Weighting(self.weighting, self.r, self.tau, self.alpha, self.score, self.mix)
 
     @property
     def retain(self) -> "RetainLoss | None":
@@ -110,7 +116,7 @@ OWN_RETAIN = "own retain term"  # the layer of a method's own retain term (GradD
 def _run_layers(params: dict, name: str) -> tuple[list[tuple[str, dict]], dict]:
     """The mappings run NAME's config is merged from, lowest first, each with the key it sits at: `unlearn.defaults`
     (every run), the method's own retain term (GradDiff), `unlearn.methods.METHOD` (its knobs: beta, gamma, ...),
-    `unlearn.weightings.WEIGHTING` (r, tau, alpha, score), then the run's own keys. Split this way, DVC tracks for
+    `unlearn.weightings.WEIGHTING` (r, tau, mix, alpha, score), then the run's own keys. Split this way, DVC tracks for
     each run only the sections it reads: a change of tau reruns the soft runs alone. Also the run's `train:`."""
     check_keys(section(params, "unlearn"), RUN_KEYS, "unlearn")
     runs = section(params, "unlearn.runs")

@@ -1,0 +1,242 @@
+"""Each run's trade-off curve, compared as a curve rather than at one point.
+
+A bisection onto the utility floor (`tokenunlearn tune`, `tune.search: bisect`) leaves its trials in
+`m{SEED}/tuning/RUN/choice.json`: points (model utility, forget ES) of the run's trade-off curve on that model
+seed, one per learning rate. The reported runs sit at one point of each curve, the chosen rate, which lands
+anywhere within the bisection's tolerance above the floor; a variant that forgets less there may still forget more
+a little below or above it. So here each curve is read at several utility levels around its model seed's floor
+(forget ES interpolated between the two trials around each level), and each token-level variant is set against
+its sequence-level method at every level: the mean difference over the model seeds where both curves reach it,
+and how many of them have the variant lower (better). A sweep under way has some choice.json files missing: those
+curves are left out, and a level a curve does not reach is left empty, never extrapolated.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.common.atomic import atomic_file
+from pipeline.common.errors import DataError
+from pipeline.common.plots import pyplot, save_figure
+from pipeline.evaluation.eval_io import number, read_json
+
+log = logging.getLogger(__name__)
+
+# Utility levels, as offsets from each model seed's floor. A converged bisection brackets the floor (its kept end
+# within tune.bisect.tolerance, 0.005, above it and a trial below), so offset 0 is on every such curve. Its
+# bracketing steps double or halve the rate, and a doubling near the floor moves MU by a few hundredths, so the
+# trial past the floor usually lies more than 0.01 below it, and the trials before the kept end (when the start rate
+# kept the floor by a margin) 0.01 to 0.02 above it. Further out only some curves reach: a two-trial bisection spans
+# just its start and one doubling. The table counts the model seeds each cell rests on, so a level that too few
+# curves reach shows as such.
+LEVELS = (-0.01, 0.0, 0.01, 0.02)
+
+
+@dataclass
+class Curve:
+    """One run's bisection on one model seed: its trials in lr order (lr, forget_es, model_utility), the floor
+    it bisected onto (`utility_min`) and the chosen trial (None when the file has none with numbers)."""
+    run: str
+    model_seed: int
+    utility_min: float
+    trials: list[dict]
+    chosen: dict | None
+
+
+def _point(trial, where: str) -> dict | None:
+    """A trial's (lr, forget_es, model_utility) as floats, or None when it lacks one of them: such a trial is no
+    point of the curve (a non-number is an error)."""
+    keys = ("lr", "forget_es", "model_utility")
+    if not isinstance(trial, dict) or any(trial.get(k) is None for k in keys):
+        return None
+    return {k: number(trial[k], f"{where}.{k}") for k in keys}
+
+
+def load_curves(root: Path, model_seeds: list[int], runs: list[str]) -> dict[tuple[str, int], Curve]:
+    """Every run's curve on every model seed, (run, model seed) -> Curve, from `root/m{M}/tuning/RUN/choice.json`;
+    a missing file (a sweep under way) is skipped and counted in the log, a malformed one is a DataError."""
+    curves, missing = {}, []
+    for m in model_seeds:
+        for name in runs:
+            file = Path(root) / f"m{m}" / "tuning" / name / "choice.json"
+            if not file.is_file():
+                missing.append(f"m{m}/{name}")
+                continue
+            result = read_json(file, "tuning choice")
+            entry = (result.get("runs") or {}).get(name)
+            if not isinstance(entry, dict) or not isinstance(entry.get("trials"), list):
+                raise DataError(f"{file}: not the tuning choice of '{name}' (runs.{name}.trials expected)")
+            points = [_point(t, f"{file}: runs.{name}.trials[{i}]") for i, t in enumerate(entry["trials"])]
+            if None in points:
+                log.warning("%s: %d of %d trials lack lr, forget_es or model_utility: left out of the curve", file,
+                            points.count(None), len(points))
+            curves[(name, m)] = Curve(name, m, number(result.get("utility_min"), f"{file}: utility_min"),
+                                      sorted((p for p in points if p), key=lambda p: p["lr"]),
+                                      _point(entry.get("chosen"), f"{file}: runs.{name}.chosen"))
+    if missing:
+        log.info("trade-off curves: %d of %d bisections not there yet (%s)", len(missing),
+                 len(model_seeds) * len(runs), ", ".join(missing[:10]) + (" …" if len(missing) > 10 else ""))
+    return curves
+
+
+def forget_es_at(trials: list[dict], utility: float) -> float | None:
+    """Forget ES where the curve (trials in lr order) first falls to `utility`, interpolated linearly in utility
+    between the two rates around it; None if it never gets there. The rule of tuning.forget_es_at_utility (its
+    `utility` the floor), here at any level: a model utility that is not monotone in the rate is read at its first
+    crossing, as the bisection would find it."""
+    trials = sorted(trials, key=lambda t: t["lr"])
+    for a, b in zip(trials, trials[1:]):
+        if a["model_utility"] >= utility > b["model_utility"]:
+            w = (a["model_utility"] - utility) / (a["model_utility"] - b["model_utility"])
+            return a["forget_es"] + w * (b["forget_es"] - a["forget_es"])
+    return None
+
+
+def at_levels(curve: Curve, levels=LEVELS) -> list[float | None]:
+    """The curve's forget ES at each level (an offset from its floor)."""
+    return [forget_es_at(curve.trials, curve.utility_min + d) for d in levels]
+
+
+def compare_curves(curves: dict[tuple[str, int], Curve], pairs: list[tuple[str, str]], model_seeds: list[int],
+                   levels=LEVELS) -> list[dict]:
+    """Per (variant, method) pair and level: variant − method forget ES on each model seed where both curves reach
+    the level (`per_model`), their mean (None where none does), their number `n` and how many have the variant
+    lower (`lower`: better, forget ES ↓)."""
+    read = {key: at_levels(c, levels) for key, c in curves.items()}
+    out = []
+    for variant, base in pairs:
+        for i, d in enumerate(levels):
+            diffs = {}
+            for m in model_seeds:
+                v, b = read.get((variant, m)), read.get((base, m))
+                if v is not None and b is not None and v[i] is not None and b[i] is not None:
+                    diffs[m] = v[i] - b[i]
+            out.append({"variant": variant, "base": base, "offset": d, "n": len(diffs),
+                        "mean": sum(diffs.values()) / len(diffs) if diffs else None,
+                        "lower": sum(x < 0 for x in diffs.values()), "per_model": diffs})
+    return out
+
+
+def _level(d: float) -> str:
+    return "floor" if d == 0 else f"floor {d:+.2f}"
+
+
+def curves_markdown(curves: dict[tuple[str, int], Curve], results: list[dict], model_seeds: list[int],
+                    runs: list[str], levels=LEVELS, plots: list[str] = ()) -> str:
+    """The section of results.md: what was read, how many curves reach each level, and the comparison table."""
+    reach = [sum(v[i] is not None for v in (at_levels(c, levels) for c in curves.values())) for i in range(len(levels))]
+    lines = ["### Trade-off curves: forget ES on each run's curve at equal utility", "",
+             f"Each bisection's trials (tuning seed) are points of its run's curve, forget ES against model utility; "
+             f"{len(curves)} of {len(runs) * len(model_seeds)} curves (runs × model seeds) are there. Forget ES is "
+             "interpolated on each curve where it first falls to each utility level (an offset from that model "
+             "seed's floor), never extrapolated. Curves reaching each level: "
+             + ", ".join(f"{_level(d)} {r}" for d, r in zip(levels, reach)) + ".", "",
+             "Each cell: the mean variant − method difference over the model seeds where both curves reach the level "
+             "(k/n: the variant lower, i.e. better, on k of those n model seeds); –: none.", "",
+             "| variant − method | " + " | ".join(_level(d) for d in levels) + " |", "|" + "---|" * (len(levels) + 1)]
+    by = {(r["variant"], r["base"], r["offset"]): r for r in results}
+    for v, b in dict.fromkeys((r["variant"], r["base"]) for r in results):
+        cells = ["–" if not r["n"] else f"{r['mean']:+.3f} ({r['lower']}/{r['n']})"
+                 for r in (by[(v, b, d)] for d in levels)]
+        lines.append(f"| {v} − {b} | " + " | ".join(cells) + " |")
+    if plots:
+        lines += ["", "Curves per model seed: " + ", ".join(f"`{p}`" for p in plots) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def curves_csv(curves: dict[tuple[str, int], Curve], levels=LEVELS) -> str:
+    """CSV: every curve's forget ES at every level (empty where it does not reach it)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["run", "model_seed", "utility_min", "offset", "utility", "forget_es", "trials"])
+    for (name, m), c in curves.items():
+        for d, es in zip(levels, at_levels(c, levels)):
+            writer.writerow([name, m, c.utility_min, d, round(c.utility_min + d, 6),
+                             "" if es is None else round(es, 6), len(c.trials)])
+    return buffer.getvalue()
+
+
+def comparisons_csv(results: list[dict]) -> str:
+    """CSV of compare_curves: one row per pair and level, each model seed's difference as `seed:diff`."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["variant", "base", "offset", "mean", "n", "lower", "per_model"])
+    for r in results:
+        writer.writerow([r["variant"], r["base"], r["offset"], "" if r["mean"] is None else round(r["mean"], 6),
+                         r["n"], r["lower"], " ".join(f"{m}:{x:.6f}" for m, x in r["per_model"].items())])
+    return buffer.getvalue()
+
+
+def plot_method(curves: dict[tuple[str, int], Curve], method: str, runs: list[str], model_seeds: list[int],
+                path: Path) -> None:
+    """One method's runs (`runs`: the sequence-level one and its variants), a panel per model seed: each run's
+    trials in lr order (one colour per run in every panel), its chosen point starred, the floor dashed."""
+    plt = pyplot()
+    cols = min(len(model_seeds), 3)
+    rows = -(-len(model_seeds) // cols)
+    fig, grid = plt.subplots(rows, cols, figsize=(4.2 * cols + 1.8, 3.6 * rows + 0.4), squeeze=False)
+    axes = list(grid.flat)
+    for ax in axes[len(model_seeds):]:
+        ax.set_visible(False)
+    colours = plt.get_cmap("tab10")
+    for ax, m in zip(axes, model_seeds):
+        floor = None
+        for k, name in enumerate(runs):
+            c = curves.get((name, m))
+            if c is None:
+                continue
+            floor = c.utility_min
+            colour = colours(k % 10)
+            ax.plot([t["model_utility"] for t in c.trials], [t["forget_es"] for t in c.trials], marker="o",
+                    markersize=4, color=colour, label=name)
+            if c.chosen is not None:
+                ax.plot([c.chosen["model_utility"]], [c.chosen["forget_es"]], marker="*", markersize=13,
+                        color=colour, linestyle="none")
+        if floor is None:
+            ax.text(0.5, 0.5, "no bisection yet", ha="center", va="center", transform=ax.transAxes)
+        else:
+            ax.axvline(floor, linestyle="--", color="grey", label="utility floor")
+        ax.set_title(f"model seed {m}")
+        ax.set_xlabel("model utility ↑")
+        ax.set_ylabel("forget extraction strength ↓")
+    handles = {}  # one legend for the figure, beside the first row: every run of any panel once
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    axes[cols - 1].legend(handles.values(), handles.keys(), loc="center left", bbox_to_anchor=(1.02, 0.5),
+                          fontsize="small")
+    fig.suptitle(f"{method}: one point per lr of the bisection (star: chosen)")
+    save_figure(fig, path)
+
+
+def plot_methods(curves: dict[tuple[str, int], Curve], specs: dict[str, dict], runs: list[str],
+                 model_seeds: list[int], out_dir: Path) -> list[str]:
+    """`tradeoff_{method}.png` in `out_dir` for each method (runs grouped by their spec's `method`) with at least
+    one curve; returns the file names written."""
+    written = []
+    for method in dict.fromkeys(specs[n]["method"] for n in runs):
+        group = [n for n in runs if specs[n]["method"] == method]
+        if not any((n, m) in curves for n in group for m in model_seeds):
+            continue
+        name = f"tradeoff_{method}.png"
+        plot_method(curves, method, group, model_seeds, Path(out_dir) / name)
+        written.append(name)
+    return written
+
+
+def write_curves(root: Path, model_seeds: list[int], runs: list[str], specs: dict[str, dict],
+                 pairs: list[tuple[str, str]], out_dir: Path, levels=LEVELS) -> str:
+    """The whole of it for report-seeds: read the curves, write curves.csv, curve_comparisons.csv and the plots
+    into `out_dir`; returns the results.md section."""
+    curves = load_curves(Path(root), model_seeds, runs)
+    results = compare_curves(curves, pairs, model_seeds, levels)
+    plots = plot_methods(curves, specs, runs, model_seeds, Path(out_dir))
+    with atomic_file(Path(out_dir) / "curves.csv") as f:
+        f.write(curves_csv(curves, levels))
+    with atomic_file(Path(out_dir) / "curve_comparisons.csv") as f:
+        f.write(comparisons_csv(results))
+    return curves_markdown(curves, results, model_seeds, runs, levels, plots)

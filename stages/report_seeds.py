@@ -14,7 +14,7 @@ from pipeline.common.errors import ParamError
 from pipeline.common.params import check_keys, section
 from pipeline.evaluation.report import run_row
 from pipeline.evaluation.significance import (comparison_table, comparisons, load_cells, lr_table, main_table,
-                                              variant_pairs)
+                                              models_table, variant_pairs)
 from pipeline.evaluation.tradeoff import write_curves
 
 from .options import params_options
@@ -59,6 +59,8 @@ def command(params: dict, root, experiment, out) -> None:
     out_dir = Path(out)
     with hold_outputs(out_dir):
         text = (f"## The main table over {len(model_seeds)} model seeds × {len(unlearn_seeds)} unlearning seeds\n\n"
+                "### Before unlearning: each model seed's target and retain model\n\n"
+                + models_table(Path(root), model_seeds) + "\n### The runs\n\n"
                 "Each cell: mean over every (model seed, unlearning seed) ± standard deviation between model seeds "
                 "(of their means) / within them (over unlearning seeds).\n\n" + table_md
                 + f"\n### Token level against sequence level: {len(results)} comparisons\n\n"

@@ -103,3 +103,18 @@ def test_report_seeds_writes_the_table_comparisons_and_learning_rates(tmp_path):
     assert by_key["model_utility"]["verdict"] == "undecided"  # equal everywhere: no difference to call
     assert "| T-GA | 1.00e-04 (0.845 / 0.840, 3) | 2.00e-04 (0.845 / 0.840, 3) | 3.00e-04 (0.845 / 0.840, 3) |" in text
     assert (out / "comparisons.csv").read_text().startswith("variant,base,key,mean,lo,hi,verdict,per_model\n")
+
+
+def test_the_models_table_says_where_each_target_stopped_and_whether_it_memorised(tmp_path):
+    from pipeline.evaluation.significance import models_table
+
+    for m, (stopped, epochs, loss, es) in enumerate([("stop_loss", 35, 0.0192, 0.991), ("cap", 60, 0.0413, 0.9)]):
+        (tmp_path / f"m{m}/models/target").mkdir(parents=True)
+        (tmp_path / f"m{m}/models/target/finetune.json").write_text(json.dumps(
+            {"stopped_by": stopped, "epochs": epochs, "last_epoch_loss": loss}))
+        (tmp_path / f"m{m}/eval/target").mkdir(parents=True)
+        (tmp_path / f"m{m}/eval/target/metrics.json").write_text(json.dumps({"forget_es": es, "model_utility": 0.8}))
+    text = models_table(tmp_path, [0, 1, 2])
+    assert "| 0 | stop_loss (35) | 0.0192 | 0.991 | 0.800 | yes | – (–) | – | – |" in text
+    assert "| 1 | cap (60) | 0.0413 | 0.900 | 0.800 | **no** |" in text
+    assert "| 2 | – (–) | – | – | – | – |" in text  # a model seed not trained yet

@@ -200,3 +200,32 @@ def lr_table(root: Path, model_seeds: list[int], runs: list[str], labels: dict[s
         lines.append(f"| {labels.get(name, name)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
+
+
+MEMORISED_ES = 0.95  # a target "memorised" its forget set when its forget extraction strength reaches this
+
+
+def models_table(root: Path, model_seeds: list[int]) -> str:
+    """Markdown: each model seed's target and retain model before unlearning: where finetuning stopped and why
+    (models/NAME/finetune.json), the target's loss, forget ES and MU, and whether it memorised (forget ES ≥
+    MEMORISED_ES); '–' for what a partial sweep has not made yet."""
+    def record(m: int, name: str) -> tuple[dict, dict]:
+        files = (root / f"m{m}" / "models" / name / "finetune.json", root / f"m{m}" / "eval" / name / "metrics.json")
+        return tuple(read_json(f, what) if f.is_file() else {}
+                     for f, what in zip(files, ("finetune record", "evaluation summary")))
+
+    def num(d: dict, key: str, fmt: str) -> str:
+        return format(d[key], fmt) if isinstance(d.get(key), (int, float)) else "–"
+
+    lines = [f"| model seed | target: stopped by (epochs) | last epoch loss | forget ES | MU | memorised (forget ES ≥ "
+             f"{MEMORISED_ES}) | retain model: stopped by (epochs) | last epoch loss | MU |", "|---" * 9 + "|"]
+    for m in model_seeds:
+        (t_run, t_eval), (r_run, r_eval) = record(m, "target"), record(m, "retain")
+        es = t_eval.get("forget_es")
+        memorised = "–" if not isinstance(es, (int, float)) else ("yes" if es >= MEMORISED_ES else "**no**")
+        lines.append(f"| {m} | {t_run.get('stopped_by', '–')} ({num(t_run, 'epochs', 'g')}) | "
+                     f"{num(t_run, 'last_epoch_loss', '.4f')} | {num(t_eval, 'forget_es', '.3f')} | "
+                     f"{num(t_eval, 'model_utility', '.3f')} | {memorised} | {r_run.get('stopped_by', '–')} "
+                     f"({num(r_run, 'epochs', 'g')}) | {num(r_run, 'last_epoch_loss', '.4f')} | "
+                     f"{num(r_eval, 'model_utility', '.3f')} |")
+    return "\n".join(lines) + "\n"

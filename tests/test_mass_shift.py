@@ -56,6 +56,11 @@ def test_summary_by_hand():
     assert overall["mean_delta_selected"] == pytest.approx(-1.5)
     assert overall["spill"] == pytest.approx(-1.25 / -1.5)
     assert overall["selected_share"] == pytest.approx(0.6) and overall["flip_rate"] == pytest.approx(2 / 3)
+    assert overall["fact_selected"] == 1.0 and overall["selected_fact"] == 1.0
+    assert overall["drop_on_facts"] == pytest.approx((3.0 + 2.0) / 7.5)            # pooled over both samples
+    assert overall["flip_rate_fact_first"] == 1.0 and overall["flip_rate_answer_first"] == 0.0
+    unselected_fact = summarize([{**RECORDS[1], "selected": False}, *RECORDS[2:]])["overall"]
+    assert unselected_fact["fact_selected"] == pytest.approx(2 / 3) and unselected_fact["selected_fact"] == 1.0
 
 
 def test_spill_is_undefined_when_every_token_is_selected_and_seeds_are_separate_samples():

@@ -210,6 +210,12 @@ def _flip_rate(records: list[dict]) -> float | None:
     return _mean(not r["argmax_unlearned"] for r in top)
 
 
+def _pooled_share(records: list[dict], keep) -> float | None:
+    """The share of the records' whole log-p drop (Σ of the negative Δ) on the records `keep` selects."""
+    drop = sum(min(r["delta"], 0.0) for r in records)
+    return sum(min(r["delta"], 0.0) for r in records if keep(r)) / drop if drop else None
+
+
 def _sample_key(r: dict) -> tuple:
     return r.get("seed"), r["sample_id"]  # seeds pooled: a sample of each seed is its own sample
 
@@ -258,7 +264,14 @@ def summarize(records: list[dict]) -> dict:
                "mean_delta_fact": mean_delta(lambda r: r["fact"] is True),
                "mean_delta_not_fact": mean_delta(lambda r: r["fact"] is False),
                "mean_delta_selected": selected, "mean_delta_unselected": unselected, "spill": spill,
-               "selected_share": _mean(r["selected"] for r in records), "flip_rate": _flip_rate(records)}
+               "selected_share": _mean(r["selected"] for r in records), "flip_rate": _flip_rate(records),
+               # does the push find the facts: the fact tokens selected, the selected tokens that are facts, the
+               # share of all the drop (pooled) on fact tokens, and the flips where extraction derails or not
+               "fact_selected": _mean(r["selected"] for r in records if r["fact"] is True),
+               "selected_fact": _mean(r["fact"] is True for r in records if r["selected"]),
+               "drop_on_facts": _pooled_share(records, lambda r: r["fact"] is True),
+               "flip_rate_fact_first": _flip_rate([r for r in records if r["position"] == "fact_first"]),
+               "flip_rate_answer_first": _flip_rate([r for r in records if r["position"] == "answer_first"])}
     return {"overall": overall, "groups": group_rows}
 
 
@@ -270,8 +283,9 @@ def _cell(value) -> str:
 
 def summary_markdown(summaries: dict[str, dict]) -> str:
     """Two tables: one line per run (fact vs not, selected vs not, spill), then one per run and token group."""
-    keys = ("weighting", "tokens", "selected_share", "mean_delta", "mean_delta_fact", "mean_delta_not_fact",
-            "mean_delta_selected", "mean_delta_unselected", "spill", "flip_rate")
+    keys = ("weighting", "tokens", "selected_share", "fact_selected", "selected_fact", "drop_on_facts", "mean_delta",
+            "mean_delta_fact", "mean_delta_not_fact", "mean_delta_selected", "mean_delta_unselected", "spill",
+            "flip_rate", "flip_rate_fact_first", "flip_rate_answer_first")
     lines = ["| run | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for run, s in summaries.items():
         lines.append(f"| {run} | " + " | ".join(_cell(s["overall"].get(k, s.get(k))) for k in keys) + " |")

@@ -1,13 +1,17 @@
-"""Every unlearning loss on a small hand-computed case."""
+"""Every unlearning loss on a small hand-computed case: the pooling of token losses and the retain terms here, each
+method's token loss from its module."""
 
 import math
 
 import pytest
 import torch
 
-from pipeline.training.losses import (activation_matching_loss, forward_kl_loss, ga_token_loss, nll_loss,
-                                      npo_sequence_loss, npo_token_loss, rmu_token_loss, token_logp,
-                                      weighted_sample_mean, wga_token_loss)
+from pipeline.training.losses import (activation_matching_loss, forward_kl_loss, nll_loss, token_logp,
+                                      weighted_sample_mean, weighted_token_mean)
+from pipeline.training.methods.ga import ga_token_loss
+from pipeline.training.methods.npo import npo_sequence_loss, npo_token_loss
+from pipeline.training.methods.rmu import rmu_token_loss
+from pipeline.training.methods.wga import wga_token_loss
 
 LOG_HALF, LOG_QUARTER = math.log(0.5), math.log(0.25)
 
@@ -22,6 +26,19 @@ def test_weighted_sample_mean_uniform_hard_soft():
     assert weighted_sample_mean(losses, soft).item() == pytest.approx((0.2 + 0.6 + 1.5 + 3.0 + 2.0) / 2)
     empty = torch.tensor([[0.0, 0, 0, 0], [1, 1, 0, 0]])
     assert weighted_sample_mean(losses, empty).item() == pytest.approx(6.0)  # the sample with no weight is left out
+
+
+def test_weighted_token_mean_pools_every_token_of_the_batch():
+    losses = torch.tensor([[1.0, 2.0, 3.0, 0.0], [4.0, 8.0, 0.0, 0.0]])
+    uniform = torch.tensor([[1.0, 1, 1, 0], [1, 1, 0, 0]])
+    # (1 + 2 + 3 + 4 + 8) / 5 tokens, where the sample mean is (2 + 6) / 2
+    assert weighted_token_mean(losses, uniform).item() == pytest.approx(18.0 / 5)
+    hard = torch.tensor([[0.0, 1, 1, 0], [0, 1, 0, 0]])
+    assert weighted_token_mean(losses, hard).item() == pytest.approx((2.0 + 3.0 + 8.0) / 3)  # sample: (2.5 + 8) / 2
+    soft = torch.tensor([[0.2, 0.3, 0.5, 0], [0.75, 0.25, 0, 0]])  # each sample's weights sum to 1: as per sample
+    assert weighted_token_mean(losses, soft).item() == pytest.approx((0.2 + 0.6 + 1.5 + 3.0 + 2.0) / 2)
+    nothing = torch.zeros(2, 4)
+    assert weighted_token_mean(losses.requires_grad_(), nothing).item() == 0.0  # no weight: no loss, no error
 
 
 def test_ga_and_wga():

@@ -60,6 +60,19 @@ def test_every_method_trains_and_writes_model_weights_and_curve(attribution_dir,
         assert all(k.startswith(("model.layers.0.", "model.layers.1.")) for k in changed), sorted(changed)
 
 
+def test_the_token_reduction_trains_and_moves_the_weights(attribution_dir, micro_model_dir, micro_world_dir,
+                                                          tmp_path):
+    # Hard weights select ⌈r·n⌉ tokens of each sample: pooled over the batch's tokens, a longer answer weighs more
+    # than in the per-sample mean, so the two reductions train different weights.
+    shards = attribution_dir[0] / "shards"
+    trained = {reduction: load_weights(_run(tmp_path, micro_model_dir, shards, micro_world_dir, reduction,
+                                            method="ga", weighting="hard", reduction=reduction) / "model")
+               for reduction in ("sample", "token")}
+    curve = (tmp_path / "token.csv").read_text().splitlines()
+    assert curve[0].startswith("step,forget_loss") and len(curve) > 2
+    assert any(not torch.equal(trained["sample"][k], trained["token"][k]) for k in trained["sample"])
+
+
 def test_shards_of_another_model_are_refused(attribution_dir, micro_tokenizer, micro_world_dir, tmp_path):
     from pipeline.common.modeling import build_model, save_model
 
@@ -74,6 +87,65 @@ def test_shards_of_another_model_are_refused(attribution_dir, micro_tokenizer, m
 def test_unknown_method_is_an_error():
     with pytest.raises(ParamError, match=r"u.method='dpo': must be one of \['ga', "):
         UnlearnConfig.from_params({"method": "dpo"}, "u")
+
+
+def test_every_method_module_declares_what_the_loop_needs():
+    from dataclasses import fields, is_dataclass
+
+    from pipeline.common.params import check_rules
+    from pipeline.training.methods import MODULES, ForwardOut, Method
+    from pipeline.training.unlearn import RETAIN_LOSSES
+
+    assert sorted(METHODS) == ["ga", "graddiff", "npo", "rmu", "wga"]
+    config_keys = {f.name for f in fields(UnlearnConfig)}
+    g = torch.Generator().manual_seed(0)
+    batch = {"weights": torch.rand(2, 5, generator=g), "scored": torch.ones(2, 5),
+             "ref_logp": -torch.rand(2, 5, generator=g), "control": torch.rand(4, generator=g)}
+    out = ForwardOut(-torch.rand(2, 5, generator=g), torch.rand(2, 5, 4, generator=g))
+    for module in MODULES:
+        method = module.METHOD
+        assert isinstance(method, Method) and METHODS[method.name] is method
+        assert module.__name__.endswith(f".{method.name}")  # method NAME lives in methods/NAME.py
+        assert method.needs_logp or method.needs_hidden, method.name  # it reads something of the forward pass
+        assert is_dataclass(method.params) and method.params.__dataclass_params__.frozen, method.name
+        check_rules(method.params(), method.rules, method.name)  # every knob has a default its rule accepts
+        assert set(method.rules) <= set(method.hyperparameters), method.name
+        assert not set(method.hyperparameters) & config_keys, method.name  # a key means one thing
+        assert method.own_retain is None or method.own_retain[0] in RETAIN_LOSSES
+        assert method.token_loss(out, batch, method.params()).shape == (2, 5), method.name  # ℓ per token
+        if method.sequence_loss is not None:
+            assert method.sequence_loss(out, batch, method.params()).dim() == 0, method.name  # one scalar
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"method": "npo", "beta": 0}, r"^u.beta=0: must be positive$"),
+    ({"method": "ga", "beta": -1.0}, r"^u.beta=-1.0: must be positive$"),  # another method's key is checked too
+    ({"method": "wga", "gamma": "big"}, r"^u.gamma='big': expected float$"),
+    ({"method": "rmu", "rmu_steer": -6.5}, r"^u.rmu_steer=-6.5: must be positive$"),
+    ({"method": "rmu", "rmu_update_layers": [0, -1]},
+     r"^u.rmu_update_layers=\[0, -1\]: must be a list of decoder layer indices \(integers ≥ 0\)$"),
+    ({"method": "npo", "bta": 0.1}, r"^u.bta: unknown parameter \(known: \['alpha', 'beta', "),
+    ({"method": "npo", "reduction": "tokens"}, r"^u.reduction='tokens': must be one of \['sample', 'token'\]$"),
+    ({"method": "npo", "reduction": "token"}, r"^u.reduction='token': npo with uniform weights is its sequence-level "
+                                              r"loss, one value per sample, with no token losses to pool"),
+])
+def test_a_bad_method_key_is_an_error_naming_it(values, message):
+    with pytest.raises(ParamError, match=message):
+        UnlearnConfig.from_params(values, "u")
+
+
+def test_a_methods_keys_are_read_from_its_section_and_named_where_set():
+    params = {"unlearn": {"train": TRAIN, "defaults": {"reduction": "token"},
+                          "methods": {"npo": {"beta": 0.2}, "rmu": {"rmu_steer": 0.0}},
+                          "runs": {"t_npo": {"method": "npo", "weighting": "hard"},
+                                   "npo": {"method": "npo", "weighting": "uniform"},
+                                   "t_rmu": {"method": "rmu", "weighting": "hard"}}}}
+    cfg, _ = run_configs(params, "t_npo")
+    assert (cfg.reduction, cfg.method_params.beta) == ("token", 0.2)
+    with pytest.raises(ParamError, match=r"^unlearn.defaults.reduction='token': npo with uniform weights"):
+        run_configs(params, "npo")
+    with pytest.raises(ParamError, match=r"^unlearn.methods.rmu.rmu_steer=0.0: must be positive$"):
+        run_configs(params, "t_rmu")
 
 
 def test_killed_and_resumed_unlearning_ends_with_the_same_weights(attribution_dir, micro_model_dir,
@@ -136,7 +208,7 @@ def test_run_configs_merge_defaults_run_and_its_train_overrides():
                           "runs": {"t_npo": {"method": "npo", "weighting": "hard", "r": 0.4, "train": {"lr": 5e-4}},
                                    "bad": {"method": "ga", "train": {"lr": -1.0}}}}}
     cfg, train = run_configs(params, "t_npo")
-    assert (cfg.method, cfg.weighting, cfg.r, cfg.beta) == ("npo", "hard", 0.4, 0.1)
+    assert (cfg.method, cfg.weighting, cfg.r, cfg.method_params.beta) == ("npo", "hard", 0.4, 0.1)
     assert train.lr == 5e-4 and train.epochs == TRAIN["epochs"]  # the rest of unlearn.train stays
     with pytest.raises(ParamError, match="unlearn.runs.bad.train.lr"):
         run_configs(params, "bad")
@@ -154,8 +226,9 @@ def test_a_run_reads_defaults_then_its_methods_then_its_weightings_section_then_
                                    "s_npo": {"method": "npo", "weighting": "soft", "beta": 0.3},
                                    "t_gd": {"method": "graddiff", "weighting": "hard"}}}}
     configs = {name: run_configs(params, name)[0] for name in params["unlearn"]["runs"]}
-    assert (configs["t_npo"].r, configs["t_npo"].alpha, configs["t_npo"].beta) == (0.2, 0.6, 0.2)
-    assert (configs["npo"].r, configs["s_npo"].tau, configs["s_npo"].beta) == (0.3, 0.5, 0.3)  # its own keys win
+    assert (configs["t_npo"].r, configs["t_npo"].alpha, configs["t_npo"].method_params.beta) == (0.2, 0.6, 0.2)
+    # its own keys win
+    assert (configs["npo"].r, configs["s_npo"].tau, configs["s_npo"].method_params.beta) == (0.3, 0.5, 0.3)
     assert (configs["t_gd"].retain_loss, configs["t_gd"].retain_weight) == ("nll", 1.0)  # GradDiff's own term
     params["unlearn"]["weightings"]["soft"]["tau"] = 1.0
     moved = {name for name, cfg in configs.items() if run_configs(params, name)[0] != cfg}
@@ -241,7 +314,7 @@ def test_a_runs_record_depends_only_on_the_params_its_weights_use():
     from pipeline.training.unlearn import params_used
 
     def used(**kw):
-        return params_used(UnlearnConfig(**kw))
+        return params_used(UnlearnConfig.from_params(kw, "u"))
 
     assert used(method="npo", weighting="uniform", tau=0.5) == used(method="npo", weighting="uniform", tau=1.0)
     assert used(method="npo", weighting="hard", tau=0.5) == used(method="npo", weighting="hard", tau=1.0)
@@ -250,5 +323,9 @@ def test_a_runs_record_depends_only_on_the_params_its_weights_use():
     assert used(method="npo", weighting="hard", mix=0.5) != used(method="npo", weighting="hard")
     assert used(method="ga", gamma=1.0) == used(method="ga", gamma=2.0)
     assert used(method="wga", gamma=1.0) != used(method="wga", gamma=2.0)
+    assert used(method="wga") == used(method="wga", gamma=1.0)  # its default, written or not
+    assert used(method="rmu")["rmu_update_layers"] == [] and used(method="rmu")["rmu_layer"] == 2
+    assert used(method="ga", weighting="hard", reduction="sample") == used(method="ga", weighting="hard")
+    assert used(method="ga", weighting="hard", reduction="token") != used(method="ga", weighting="hard")
     assert used(method="ga", retain_weight=0.1) != used(method="ga", retain_weight=0.2)
     assert used(method="ga", retain_loss="none", retain_split="x") == used(method="ga", retain_loss="none")

@@ -7,10 +7,13 @@ import pytest
 import torch
 
 from pipeline.training.losses import (activation_matching_loss, forward_kl_loss, nll_loss, token_logp,
-                                      weighted_sample_mean, weighted_token_mean)
+                                      weighted_sample_mean, weighted_token_mean, without_first_scored)
+from pipeline.training.methods.ceu import ceu_from_logits
 from pipeline.training.methods.ga import ga_token_loss
 from pipeline.training.methods.npo import npo_sequence_loss, npo_token_loss
 from pipeline.training.methods.rmu import rmu_token_loss
+from pipeline.training.methods.satimp import satimp_token_loss
+from pipeline.training.methods.simnpo import simnpo_sequence_loss
 from pipeline.training.methods.wga import wga_token_loss
 
 LOG_HALF, LOG_QUARTER = math.log(0.5), math.log(0.25)
@@ -67,6 +70,71 @@ def test_npo_sequence_loss_sums_log_probabilities():
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     # Σ(log p − log p_ref) = log 2; −(2/β)·log σ(−β·log 2) with β = 1: 2·log(1 + 2)
     assert npo_sequence_loss(logp, ref, mask, beta=1.0).item() == pytest.approx(2 * math.log(3))
+
+
+def test_simnpo_on_the_mean_nll_with_the_margin_inside_beta():
+    # p = 1/2, 1/4: mean NLL m = (3/2)·ln 2 = 1.039721; L = −(2/β)·log σ(β·(m − δ)) = (2/β)·log(1 + e^{−β(m − δ)})
+    logp = torch.tensor([[LOG_HALF, LOG_QUARTER, 0.0]])
+    scored = torch.tensor([[1.0, 1.0, 0.0]])  # uniform weights: 1 on the scored tokens
+    m = 1.5 * math.log(2)
+    assert simnpo_sequence_loss(logp, scored, beta=1.0).item() == pytest.approx(2 * math.log(1 + 2 ** -1.5))
+    assert simnpo_sequence_loss(logp, scored, beta=1.0).item() == pytest.approx(0.605467, abs=1e-6)
+    assert simnpo_sequence_loss(logp, scored, beta=4.5).item() == pytest.approx(0.004110, abs=1e-6)
+    # δ = 1: the authors' and open-unlearning's β·(m − δ) gives 0.270117; the paper's β·m − γ (γ = 1) would give
+    # 0.011085 (open-unlearning issue #123)
+    assert simnpo_sequence_loss(logp, scored, beta=4.5, delta=1.0).item() == \
+        pytest.approx((2 / 4.5) * math.log(1 + math.exp(-4.5 * (m - 1.0))))
+    assert simnpo_sequence_loss(logp, scored, beta=4.5, delta=1.0).item() == pytest.approx(0.270117, abs=1e-6)
+    # soft weights (0.75, 0.25): m_ω = 0.75·ln 2 + 0.25·ln 4 = 0.866434
+    soft = torch.tensor([[0.75, 0.25, 0.0]])
+    assert simnpo_sequence_loss(logp, soft, beta=4.5).item() == pytest.approx(0.008916, abs=1e-6)
+    # hard weights on the second token only: m_ω = ln 4; a sample with no weight is left out of the batch mean
+    hard = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    assert simnpo_sequence_loss(logp.expand(2, 3), hard, beta=1.0).item() == pytest.approx(2 * math.log(1 + 1 / 4))
+    # a batch: the mean over samples of the per-sample losses
+    two = torch.tensor([[LOG_HALF, LOG_QUARTER, 0.0], [LOG_HALF, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert simnpo_sequence_loss(two, mask, beta=1.0).item() == \
+        pytest.approx((2 * math.log(1 + 2 ** -1.5) + 2 * math.log(1.5)) / 2)
+
+
+def test_satimp_scales_each_tokens_log_probability_by_a_detached_factor():
+    # p = 1/2, 1/4, β1 = 5, β2 = 1: factors p^5·(1 − p) = 0.015625 and 0.000732422
+    logp = torch.tensor([[LOG_HALF, LOG_QUARTER]], requires_grad=True)
+    loss = satimp_token_loss(logp, beta1=5.0, beta2=1.0)
+    assert loss[0].tolist() == pytest.approx([0.015625 * LOG_HALF, 0.25 ** 5 * 0.75 * LOG_QUARTER])
+    assert loss.mean().item() == pytest.approx(-0.005923, abs=1e-6)  # open-unlearning's pooled mean
+    loss.sum().backward()
+    assert logp.grad[0].tolist() == pytest.approx([0.015625, 0.25 ** 5 * 0.75])  # no gradient through the factor
+    # β1 = 1, β2 = 0: WGA with γ = 1; β1 = β2 = 0: GA
+    assert satimp_token_loss(logp.detach(), 1.0, 0.0)[0].tolist() == pytest.approx([0.5 * LOG_HALF,
+                                                                                     0.25 * LOG_QUARTER])
+    assert satimp_token_loss(logp.detach(), 0.0, 0.0)[0].tolist() == pytest.approx([LOG_HALF, LOG_QUARTER])
+
+
+def test_ceu_is_the_cross_entropy_to_the_distribution_without_the_true_token():
+    # logits (ln 2, 0, 0): p = (1/2, 1/4, 1/4); y = 0, so q = (0, 1/2, 1/2) and ℓ = −2·(1/2)·ln(1/4) = ln 4
+    logits = torch.tensor([[math.log(2), 0.0, 0.0]], requires_grad=True)
+    loss = ceu_from_logits(logits, torch.tensor([0]))
+    assert loss.item() == pytest.approx(math.log(4))
+    loss.backward()
+    # ∂ℓ/∂z_y = p_y, ∂ℓ/∂z_j = p_j − q_j = −p_j·p_y/(1 − p_y): bounded, and 0 once p_y is 0
+    assert logits.grad[0].tolist() == pytest.approx([0.5, -0.25, -0.25])
+    # another target: y = 1, q = (2/3, 0, 1/3): ℓ = −(2/3)·ln(1/2) − (1/3)·ln(1/4)
+    assert ceu_from_logits(logits.detach(), torch.tensor([1])).item() == \
+        pytest.approx(-(2 / 3) * LOG_HALF - (1 / 3) * LOG_QUARTER)
+
+
+def test_the_first_scored_token_of_each_sample_is_left_out_with_its_weight():
+    batch = {"scored": torch.tensor([[0.0, 1, 1, 1], [1, 1, 0, 0]]),
+             "weights": torch.tensor([[0.0, 0.5, 0.3, 0.2], [1, 1, 0, 0]]), "input_ids": torch.zeros(2, 4)}
+    out = without_first_scored(batch, 1)
+    assert out["scored"].tolist() == [[0, 0, 1, 1], [0, 1, 0, 0]]
+    torch.testing.assert_close(out["weights"], torch.tensor([[0.0, 0, 0.3, 0.2], [0, 1, 0, 0]]))
+    assert out["input_ids"] is batch["input_ids"]
+    # pooled per sample, the rest of the soft weights are renormalised: (0.3·ℓ_2 + 0.2·ℓ_3) / 0.5
+    losses = torch.tensor([[0.0, 9.0, 1.0, 2.0], [9.0, 4.0, 0.0, 0.0]])
+    assert weighted_sample_mean(losses, out["weights"]).item() == pytest.approx(((0.3 + 0.4) / 0.5 + 4.0) / 2)
 
 
 def test_rmu_token_loss():
@@ -136,6 +204,7 @@ def test_chunked_head_equals_the_full_logits_with_gradients():
         "logp": (token_logp_from_logits, (targets,)),
         "topk_kl": (topk_kl_from_logits, (ids, logp, tail)),
         "kl": (lambda logits, r: forward_kl_from_logits(head(r).detach(), logits), (ref_hidden,)),
+        "ceu": (ceu_from_logits, (targets,)),  # its target distribution detached inside the checkpointed chunk
     }
     for name, (fn, rows) in cases.items():
         full = fn(head(hidden), *rows)

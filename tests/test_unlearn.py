@@ -60,6 +60,20 @@ def test_every_method_trains_and_writes_model_weights_and_curve(attribution_dir,
         assert all(k.startswith(("model.layers.0.", "model.layers.1.")) for k in changed), sorted(changed)
 
 
+@pytest.mark.parametrize("method, weighting",
+                         [(m, w) for m in ("simnpo", "satimp", "ceu") for w in ("uniform", "soft")])
+def test_the_later_methods_train_with_uniform_and_soft_weights(attribution_dir, micro_model_dir, micro_world_dir,
+                                                               tmp_path, method, weighting):
+    # hard weights: test_every_method_trains_and_writes_model_weights_and_curve
+    out = _run(tmp_path, micro_model_dir, attribution_dir[0] / "shards", micro_world_dir, method, method=method,
+               weighting=weighting, retain_loss="none")
+    rows = (tmp_path / f"{method}.csv").read_text().splitlines()
+    header, first = rows[0].split(","), dict(zip(rows[0].split(","), rows[1].split(",")))
+    assert "forget_loss" in header and math.isfinite(float(first["forget_loss"])) and len(rows) > 2
+    before, after = load_weights(micro_model_dir), load_weights(out / "model")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
 def test_the_token_reduction_trains_and_moves_the_weights(attribution_dir, micro_model_dir, micro_world_dir,
                                                           tmp_path):
     # Hard weights select ⌈r·n⌉ tokens of each sample: pooled over the batch's tokens, a longer answer weighs more
@@ -85,7 +99,7 @@ def test_shards_of_another_model_are_refused(attribution_dir, micro_tokenizer, m
 
 
 def test_unknown_method_is_an_error():
-    with pytest.raises(ParamError, match=r"u.method='dpo': must be one of \['ga', "):
+    with pytest.raises(ParamError, match=r"u.method='dpo': must be one of \['ceu', 'ga', "):
         UnlearnConfig.from_params({"method": "dpo"}, "u")
 
 
@@ -96,25 +110,39 @@ def test_every_method_module_declares_what_the_loop_needs():
     from pipeline.training.methods import MODULES, ForwardOut, Method
     from pipeline.training.unlearn import RETAIN_LOSSES
 
-    assert sorted(METHODS) == ["ga", "graddiff", "npo", "rmu", "wga"]
+    assert sorted(METHODS) == ["ceu", "ga", "graddiff", "npo", "rmu", "satimp", "simnpo", "wga"]
     config_keys = {f.name for f in fields(UnlearnConfig)}
     g = torch.Generator().manual_seed(0)
     batch = {"weights": torch.rand(2, 5, generator=g), "scored": torch.ones(2, 5),
              "ref_logp": -torch.rand(2, 5, generator=g), "control": torch.rand(4, generator=g)}
-    out = ForwardOut(-torch.rand(2, 5, generator=g), torch.rand(2, 5, 4, generator=g))
+    out = ForwardOut(-torch.rand(2, 5, generator=g), torch.rand(2, 5, 4, generator=g), torch.rand(2, 5, generator=g))
     for module in MODULES:
         method = module.METHOD
         assert isinstance(method, Method) and METHODS[method.name] is method
         assert module.__name__.endswith(f".{method.name}")  # method NAME lives in methods/NAME.py
-        assert method.needs_logp or method.needs_hidden, method.name  # it reads something of the forward pass
+        # it reads something of the forward pass
+        assert method.needs_logp or method.needs_hidden or method.from_logits, method.name
         assert is_dataclass(method.params) and method.params.__dataclass_params__.frozen, method.name
         check_rules(method.params(), method.rules, method.name)  # every knob has a default its rule accepts
         assert set(method.rules) <= set(method.hyperparameters), method.name
         assert not set(method.hyperparameters) & config_keys, method.name  # a key means one thing
         assert method.own_retain is None or method.own_retain[0] in RETAIN_LOSSES
-        assert method.token_loss(out, batch, method.params()).shape == (2, 5), method.name  # ℓ per token
+        if method.token_loss is not None:
+            assert method.token_loss(out, batch, method.params()).shape == (2, 5), method.name  # ℓ per token
         if method.sequence_loss is not None:
             assert method.sequence_loss(out, batch, method.params()).dim() == 0, method.name  # one scalar
+    # what the three later methods read: SimNPO log p and ω (no θ_o, no token-level form), SatImp log p,
+    # CE-U the whole next-token distribution, without each answer's first token
+    simnpo, satimp, ceu = METHODS["simnpo"], METHODS["satimp"], METHODS["ceu"]
+    assert simnpo.needs_logp and simnpo.weighs_itself and simnpo.hyperparameters == ("beta", "delta")
+    assert (simnpo.params().beta, simnpo.params().delta) == (4.5, 0.0)  # open-unlearning's
+    assert satimp.needs_logp and not satimp.weighs_itself and (satimp.params().beta1, satimp.params().beta2) == (5, 1)
+    assert not ceu.needs_logp and ceu.from_logits is not None and ceu.skip_first == 1 and not ceu.hyperparameters
+    assert all(m.own_retain is None for m in (simnpo, satimp, ceu))  # the run's retain term, as NPO's and WGA's
+    assert all(m.skip_first == 0 and m.from_logits is None for name, m in METHODS.items() if name != "ceu")
+    for weighting in ("uniform", "hard", "soft"):
+        assert UnlearnConfig.from_params({"method": "simnpo", "weighting": weighting}, "u").sequence_level
+        assert not UnlearnConfig.from_params({"method": "ceu", "weighting": weighting}, "u").sequence_level
 
 
 @pytest.mark.parametrize("values, message", [
@@ -128,6 +156,12 @@ def test_every_method_module_declares_what_the_loop_needs():
     ({"method": "npo", "reduction": "tokens"}, r"^u.reduction='tokens': must be one of \['sample', 'token'\]$"),
     ({"method": "npo", "reduction": "token"}, r"^u.reduction='token': npo with uniform weights is its sequence-level "
                                               r"loss, one value per sample, with no token losses to pool"),
+    ({"method": "simnpo", "weighting": "soft", "reduction": "token"},
+     r"^u.reduction='token': simnpo is a loss of whole sequences under every weighting \(ω enters each sample's "
+     r"weighted mean\), one value per sample, with no token losses to pool; use reduction: sample$"),
+    ({"method": "simnpo", "beta": 0}, r"^u.beta=0: must be positive$"),
+    ({"method": "simnpo", "delta": -1.0}, r"^u.delta=-1.0: must be at least 0$"),
+    ({"method": "satimp", "beta1": -1.0}, r"^u.beta1=-1.0: must be at least 0$"),
 ])
 def test_a_bad_method_key_is_an_error_naming_it(values, message):
     with pytest.raises(ParamError, match=message):

@@ -73,6 +73,14 @@ def weighted_token_mean(token_losses: torch.Tensor, weights: torch.Tensor) -> to
 FORGET_REDUCTIONS = {"sample": weighted_sample_mean, "token": weighted_token_mean}
 
 
+def without_first_scored(batch: dict, n: int) -> dict:
+    """The forget batch with the first n scored tokens of each sample neither scored nor weighted (CE-U leaves
+    each answer's first token out). The other weights are kept as they are: the pooling divides by their sum."""
+    scored = batch["scored"] > 0
+    keep = scored & (scored.cumsum(-1) > n)
+    return {**batch, "scored": batch["scored"] * keep, "weights": batch["weights"] * keep}
+
+
 def activation_matching_loss(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """RMU's retain loss: the squared distance to the frozen model's activations, as a mean over hidden
     dimensions (RMU's MSE) and over the masked positions of the batch."""

@@ -38,7 +38,7 @@ from pipeline.training.finetune import write_history
 from pipeline.training.forget_stream import ForgetStream, Weighting, forget_batch, write_token_weights
 from pipeline.training.lora import is_peft, reference_view, write_trained
 from pipeline.training.losses import (FORGET_REDUCTIONS, by_chunks, forward_kl_from_logits, token_logp_from_logits,
-                                      topk_kl_from_logits)
+                                      topk_kl_from_logits, without_first_scored)
 from pipeline.training.methods import (HYPERPARAMETERS, METHODS, ForwardOut, Prepared, check_hyperparameters,
                                        method_params)
 
@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class UnlearnConfig:
-    method: str = "ga"                 # a module of pipeline/training/methods: ga | wga | npo | rmu | graddiff
+    method: str = "ga"                 # a module of pipeline/training/methods: ga | wga | npo | rmu | graddiff |
+                                       # simnpo | satimp | ceu
     weighting: str = "uniform"         # uniform (sequence level) | hard (T-) | soft (S-)
     r: float = 0.2                     # hard: the top-r fraction of φ
     tau: float = 0.5                   # soft: softmax(φ / τ)
@@ -109,6 +110,10 @@ class UnlearnConfig:
                              f"{own[0]} (for GA with another retain term, use method: ga)")
         if cfg.reduction == "token" and cfg.sequence_level:
             key = (origins or {}).get("reduction", f"{where}.reduction")
+            if METHODS[cfg.method].weighs_itself:
+                raise ParamError(f"{key}='token': {cfg.method} is a loss of whole sequences under every weighting "
+                                 f"(ω enters each sample's weighted mean), one value per sample, with no token "
+                                 f"losses to pool; use reduction: sample")
             raise ParamError(f"{key}='token': {cfg.method} with uniform weights is its sequence-level loss, one value "
                              f"per sample, with no token losses to pool; use reduction: sample, or hard or soft "
                              f"weights (its token-level form)")
@@ -121,8 +126,10 @@ class UnlearnConfig:
 
     @property
     def sequence_level(self) -> bool:
-        """Whether the forget loss is the method's loss of whole sequences (NPO with uniform weights)."""
-        return self.weighting == "uniform" and METHODS[self.method].sequence_loss is not None
+        """Whether the forget loss is the method's loss of whole sequences (NPO with uniform weights, SimNPO with
+        any)."""
+        method = METHODS[self.method]
+        return method.weighs_itself or (self.weighting == "uniform" and method.sequence_loss is not None)
 
     @property
     def weighting_spec(self) -> Weighting:
@@ -224,15 +231,21 @@ def _head(net) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda hidden: lm_head_logits(net, hidden)
 
 
-def next_token_logp(net, last_hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
-                    chunk_size: int) -> torch.Tensor:
-    """log p_θ(ids[b, i] | s_<i) at the positions marked (i ≥ 1), 0 elsewhere: [B, T]."""
+def next_token_values(fn: Callable, net, last_hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
+                      chunk_size: int) -> torch.Tensor:
+    """fn(logits predicting token i, ids[b, i]) at the positions marked (i ≥ 1), 0 elsewhere: [B, T]. `fn` maps
+    [N, vocab] logits and [N] tokens to [N]; it runs on `chunk_size` positions at a time."""
     positions = positions.clone()
     positions[:, 0] = False  # the first token has no prefix
     rows, cols = positions.nonzero(as_tuple=True)
-    values = by_chunks(token_logp_from_logits, _head(net), last_hidden[rows, cols - 1], ids[rows, cols],
-                       chunk=chunk_size)
+    values = by_chunks(fn, _head(net), last_hidden[rows, cols - 1], ids[rows, cols], chunk=chunk_size)
     return torch.zeros(ids.shape, dtype=values.dtype, device=values.device).index_put((rows, cols), values)
+
+
+def next_token_logp(net, last_hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
+                    chunk_size: int) -> torch.Tensor:
+    """log p_θ(ids[b, i] | s_<i) at the positions marked (i ≥ 1), 0 elsewhere: [B, T]."""
+    return next_token_values(token_logp_from_logits, net, last_hidden, ids, positions, chunk_size)
 
 
 def _predicting(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -367,11 +380,16 @@ def make_loss_fn(cfg: UnlearnConfig, reference) -> Callable:
 
     def loss_fn(model, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
         net, f = _net(model), batch["forget"]
+        if method.skip_first:  # CE-U leaves each answer's first token out: no loss, no weight
+            f = without_first_scored(f, method.skip_first)
         out = _forward(net, f, output_hidden_states=method.needs_hidden)
-        logp = next_token_logp(net, out.last_hidden_state, f["input_ids"], f["scored"] > 0, cfg.chunk_size) \
+        scored = f["scored"] > 0
+        logp = next_token_logp(net, out.last_hidden_state, f["input_ids"], scored, cfg.chunk_size) \
             if method.needs_logp else None
         hidden = out.hidden_states[cfg.rmu_layer] if method.needs_hidden else None
-        forget = forget_loss(ForwardOut(logp, hidden), f)
+        from_logits = next_token_values(method.from_logits, net, out.last_hidden_state, f["input_ids"], scored,
+                                        cfg.chunk_size) if method.from_logits else None
+        forget = forget_loss(ForwardOut(logp, hidden, from_logits), f)
         loss, metrics = forget, {"forget_loss": forget.item()}
         if retain is not None:
             retain_value = retain.loss(net, reference, batch["retain"], cfg)

@@ -50,7 +50,7 @@ def fixtures(work: Path) -> tuple[Path, Path, Path]:
     from tests.conftest import ATTRIBUTION, MICRO_WORLD, REPO, TINY_MODEL
 
     world, model, shards = work / "world", work / "model", work / "attr" / "shards"
-    if not (shards / "manifest.json").is_file():
+    if not (shards / "_manifest.json").is_file():
         write_world(generate_world(WorldSpec.load(REPO / "data" / "world"), WorldConfig(**MICRO_WORLD)), world)
         train_tokenizer(world_texts(world), 400, work / "tokenizer")
         tokenizer = load_tokenizer(work / "tokenizer")

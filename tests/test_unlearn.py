@@ -13,7 +13,7 @@ from pipeline.training.engine import TrainConfig
 from pipeline.training.forget_stream import ForgetStream
 from pipeline.training.unlearn import METHODS, UnlearnConfig, load_retain, run_configs, run_spec, run_unlearn
 
-from .conftest import ATTRIBUTION, killed_at_step, load_weights
+from .conftest import ATTRIBUTION, killed_at_step, load_weights, shards_for
 
 TRAIN = {"epochs": 2, "lr": 1e-3, "micro_batch_size": 2, "warmup_ratio": 0.0, "seed": 0}
 
@@ -42,10 +42,11 @@ def test_weights_come_from_phi(attribution_dir, weighting):
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_every_method_trains_and_writes_model_weights_and_curve(attribution_dir, micro_model_dir, micro_world_dir,
-                                                                 tmp_path, method):
-    out = _run(tmp_path, micro_model_dir, attribution_dir[0] / "shards", micro_world_dir, method, method=method,
-               weighting="hard")
+def test_every_method_trains_and_writes_model_weights_and_curve(micro_model_dir, micro_world_dir, tmp_path, method,
+                                                                 request):
+    weighting = "hard" if METHODS[method].token_weights else "uniform"  # IdkNLL: no token weights
+    out = _run(tmp_path, micro_model_dir, shards_for(method, request), micro_world_dir, method, method=method,
+               weighting=weighting)
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(out / "model", use_safetensors=True)
@@ -99,7 +100,7 @@ def test_shards_of_another_model_are_refused(attribution_dir, micro_tokenizer, m
 
 
 def test_unknown_method_is_an_error():
-    with pytest.raises(ParamError, match=r"u.method='dpo': must be one of \['ceu', 'ga', "):
+    with pytest.raises(ParamError, match=r"u.method='dpo': must be one of \['altpo', 'ceu', 'ga', "):
         UnlearnConfig.from_params({"method": "dpo"}, "u")
 
 
@@ -110,18 +111,22 @@ def test_every_method_module_declares_what_the_loop_needs():
     from pipeline.training.methods import MODULES, ForwardOut, Method
     from pipeline.training.unlearn import RETAIN_LOSSES
 
-    assert sorted(METHODS) == ["ceu", "ga", "graddiff", "npo", "rmu", "satimp", "simnpo", "wga"]
+    assert sorted(METHODS) == ["altpo", "ceu", "ga", "graddiff", "idkdpo", "idknll", "npo", "rmu", "satimp",
+                               "simnpo", "wga"]
     config_keys = {f.name for f in fields(UnlearnConfig)}
     g = torch.Generator().manual_seed(0)
     batch = {"weights": torch.rand(2, 5, generator=g), "scored": torch.ones(2, 5),
-             "ref_logp": -torch.rand(2, 5, generator=g), "control": torch.rand(4, generator=g)}
-    out = ForwardOut(-torch.rand(2, 5, generator=g), torch.rand(2, 5, 4, generator=g), torch.rand(2, 5, generator=g))
+             "ref_logp": -torch.rand(2, 5, generator=g), "control": torch.rand(4, generator=g),
+             "alternative": {"scored": torch.ones(2, 3), "ref_logp": -torch.rand(2, generator=g)}}
+    out = ForwardOut(-torch.rand(2, 5, generator=g), torch.rand(2, 5, 4, generator=g), torch.rand(2, 5, generator=g),
+                     -torch.rand(2, 3, generator=g))
     for module in MODULES:
         method = module.METHOD
         assert isinstance(method, Method) and METHODS[method.name] is method
         assert module.__name__.endswith(f".{method.name}")  # method NAME lives in methods/NAME.py
-        # it reads something of the forward pass
-        assert method.needs_logp or method.needs_hidden or method.from_logits, method.name
+        # it reads something of the forward pass: of the forget answer, or of its alternative answer
+        assert method.reads_forget_answer or method.alternative, method.name
+        assert method.token_weights or method.token_loss is None, method.name  # no ω: no token losses to pool
         assert is_dataclass(method.params) and method.params.__dataclass_params__.frozen, method.name
         check_rules(method.params(), method.rules, method.name)  # every knob has a default its rule accepts
         assert set(method.rules) <= set(method.hyperparameters), method.name
@@ -162,6 +167,16 @@ def test_every_method_module_declares_what_the_loop_needs():
     ({"method": "simnpo", "beta": 0}, r"^u.beta=0: must be positive$"),
     ({"method": "simnpo", "delta": -1.0}, r"^u.delta=-1.0: must be at least 0$"),
     ({"method": "satimp", "beta1": -1.0}, r"^u.beta1=-1.0: must be at least 0$"),
+    ({"method": "idkdpo", "beta": 0}, r"^u.beta=0: must be positive$"),
+    ({"method": "altpo", "weighting": "hard", "reduction": "token"},
+     r"^u.reduction='token': altpo is a loss of whole sequences under every weighting"),
+    ({"method": "idknll", "weighting": "hard"},
+     r"^u.weighting='hard': idknll trains on each sample's idk answer alone, and token weights are defined on the "
+     r"forget answer's tokens \(stage one scores those\); use weighting: uniform$"),
+    ({"method": "idknll", "weighting": "soft", "tau": 0.5}, r"^u.weighting='soft': idknll trains on each sample's"),
+    ({"method": "idknll", "reduction": "token"},
+     r"^u.reduction='token': idknll is a loss of whole sequences \(each sample's mean NLL of its idk answer\), one "
+     r"value per sample, with no token losses to pool; use reduction: sample$"),
 ])
 def test_a_bad_method_key_is_an_error_naming_it(values, message):
     with pytest.raises(ParamError, match=message):
@@ -180,6 +195,31 @@ def test_a_methods_keys_are_read_from_its_section_and_named_where_set():
         run_configs(params, "npo")
     with pytest.raises(ParamError, match=r"^unlearn.methods.rmu.rmu_steer=0.0: must be positive$"):
         run_configs(params, "t_rmu")
+
+
+def test_the_preference_methods_start_at_their_value_for_theta_o(alternatives_dir, micro_model_dir,
+                                                                 micro_world_dir, tmp_path):
+    # At the first step θ = θ_o: θ's log-likelihoods of both answers equal stage one's, so Δ_w = Δ_l = 0 and DPO
+    # is (2/β)·ln 2 whatever the weighting (the scores cached in stage one belong to the answers trained on).
+    shards = alternatives_dir[0] / "shards"
+    for method, weighting in (("idkdpo", "uniform"), ("altpo", "soft"), ("idkdpo", "hard")):
+        tag = f"{method}-{weighting}"
+        _run(tmp_path, micro_model_dir, shards, micro_world_dir, tag, method=method, weighting=weighting,
+             retain_loss="none", beta=0.5)
+        first = float((tmp_path / f"{tag}.csv").read_text().splitlines()[1].split(",")[1])
+        assert first == pytest.approx(4 * math.log(2), rel=1e-4), tag
+
+
+def test_a_method_that_reads_alternatives_refuses_shards_without_them(attribution_dir, micro_model_dir,
+                                                                       micro_world_dir, tmp_path):
+    shards = attribution_dir[0] / "shards"  # stage one without attribution.alternatives
+    for method, kind in (("idkdpo", "idk"), ("altpo", "perturbed"), ("idknll", "idk")):
+        with pytest.raises(ParamError, match=rf"^{shards}: method {method} trains on each forget sample's {kind} "
+                                             rf"answer, .* these shards hold no alternative answers: add {kind} to "
+                                             r"attribution.alternatives .* and rerun `attribute`$"):
+            _run(tmp_path, micro_model_dir, shards, micro_world_dir, method, method=method)
+    # the methods that read none read such shards as before
+    assert ForgetStream(shards, UnlearnConfig().weighting_spec).get([0])[0].alternative is None
 
 
 def test_killed_and_resumed_unlearning_ends_with_the_same_weights(attribution_dir, micro_model_dir,

@@ -42,6 +42,7 @@ class AttributionInput:
     noun_tokens: list[list[int]] = field(default_factory=list)  # each masked noun's token positions
     prompt: Span | None = None  # QA: the question's characters (what the answer may copy); corpus: None
     region: Span | None = None  # the scored text's characters: QA the answer, corpus the whole passage
+    alternatives: dict = field(default_factory=dict)  # kind -> Alternative (attribution.alternatives; QA only)
 
     @property
     def masked_ids(self) -> list[int]:

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from pipeline.attribution.shards import check_shards, column_types, read_manifest
+from pipeline.attribution.shards import alternative_columns, check_shards, column_types, read_manifest
 from pipeline.attribution.variants import parse_score, require_columns, score_columns, variant_score
 from pipeline.attribution.weights import check_mix, token_weights
 from pipeline.common.atomic import atomic_file
@@ -40,6 +40,16 @@ class ForgetSample:
     weights: np.ndarray     # ω, full length, 0 where not scored
     ref_logp: np.ndarray    # log p_θo(s_i | s_<i) from the shards, 0 where not scored
     phi: np.ndarray         # φ, NaN where not scored
+    alternative: "AlternativeSample | None" = None  # the answer a preference method prefers (or IdkNLL trains on)
+
+
+@dataclass
+class AlternativeSample:
+    """One alternative answer of a forget sample (the stream's `alternative` kind), from the shards."""
+
+    input_ids: np.ndarray   # int64: the prompt, this answer and its end
+    scored: np.ndarray      # bool, its answer tokens (and EOS)
+    ref_logp: float         # θ_o's Σ log p over its scored tokens (stage one's)
 
 
 USES = {"uniform": (), "hard": ("r", "alpha", "score"), "soft": ("tau", "alpha", "score")}  # what each reads
@@ -95,10 +105,14 @@ def _list_column(table: pa.Table, name: str, dtype) -> tuple[np.ndarray, np.ndar
 class ForgetStream:
     """Forget samples by global row id (shard order), decoded shard by shard into a small LRU cache."""
 
-    def __init__(self, shard_dir: str | Path, weighting: Weighting, seed: int = 0, window_shards: int = 4):
+    def __init__(self, shard_dir: str | Path, weighting: Weighting, seed: int = 0, window_shards: int = 4,
+                 alternative: str | None = None, method: str = ""):
+        """`alternative`: also read each sample's alternative answer of this kind (`attribution.alternatives`),
+        for `method`, which trains on it."""
         if window_shards < 1:
             raise ParamError(f"window_shards={window_shards}: must be at least 1")
         self.shard_dir, self.weighting, self.seed, self.window = Path(shard_dir), weighting, seed, window_shards
+        self.alternative = alternative
         self.manifest = read_manifest(self.shard_dir)  # checks every shard's sha256 once
         shards = self.manifest["shards"]
         self.files = [self.shard_dir / s["name"] for s in shards]
@@ -113,6 +127,9 @@ class ForgetStream:
         self.check_shards(COLUMNS)  # readable, the manifest's row counts, the columns every weighting reads
         self.check_columns()        # the score's own: a missing one names the signal that computes it
         self.check_shards([c for c in self.weighting.columns if c not in COLUMNS])
+        if alternative is not None:
+            self.check_alternative(method)
+            self.check_shards(list(alternative_columns(alternative)))
 
     def __len__(self) -> int:
         return self.n_samples
@@ -136,6 +153,17 @@ class ForgetStream:
             require_columns(self.weighting.score, set(pq.ParquetFile(self.files[0]).schema_arrow.names),
                             self.shard_dir)
 
+    def check_alternative(self, method: str) -> None:
+        """Refuse shards that stage one wrote without the alternative answers `method` trains on, naming the
+        param that adds them."""
+        have = self.manifest["metadata"].get("alternatives", [])
+        if self.alternative not in have:
+            raise ParamError(
+                f"{self.shard_dir}: method {method or '?'} trains on each forget sample's {self.alternative} answer, "
+                f"with θ_o's log-likelihood of it from stage one, and these shards hold "
+                f"{'only ' + ', '.join(have) if have else 'no alternative answers'}: add {self.alternative} to "
+                f"attribution.alternatives (e.g. attribution.alternatives: [idk, perturbed]) and rerun `attribute`")
+
     def check_shards(self, columns: list[str]) -> None:
         """Every shard, before any is used: readable, the manifest's row count, and `columns` with their types (a
         hand-made or foreign shard would otherwise fail mid-training with a traceback, or train on garbage)."""
@@ -148,7 +176,8 @@ class ForgetStream:
     def _decode(self, shard: int) -> list[ForgetSample]:
         file = self.files[shard]
         extra = [c for c in self.weighting.columns if c not in COLUMNS]
-        table = pq.read_table(file, columns=COLUMNS + extra)
+        alt_columns = list(alternative_columns(self.alternative)) if self.alternative else []
+        table = pq.read_table(file, columns=COLUMNS + extra + alt_columns)
         if table.num_rows != self.starts[shard + 1] - self.starts[shard]:
             expected = self.starts[shard + 1] - self.starts[shard]
             raise DataError(f"{file}: {table.num_rows} rows, the manifest says {expected}")
@@ -161,6 +190,7 @@ class ForgetStream:
                    **{c: _list_column(table, c, np.float64)[0] for c in extra}}
         sample_ids = table.column("sample_id").to_pylist()
         self.check_values(file, sample_ids, ids, off, scored, columns, table)
+        alternatives = self._alternatives(file, table, sample_ids) if self.alternative else None
         out = []
         for row, sample_id in enumerate(sample_ids):
             s = slice(off[row], off[row + 1])
@@ -168,6 +198,8 @@ class ForgetStream:
                 raise DataError(f"{file}: sample {sample_id} has no scored token")
             out.append(self.weighting.sample(sample_id, ids[s], scored[s], {k: v[s] for k, v in columns.items()},
                                              logp[s]))
+            if alternatives is not None:
+                out[-1].alternative = alternatives[row]
         self.decoded_shards += 1
         return out
 
@@ -204,6 +236,30 @@ class ForgetStream:
         if bad.size:
             raise DataError(f"{file}: column 'logp_orig' holds {columns['logp_orig'][bad[0]]:g}, a log-probability "
                             f"above 0 ({where(bad)}): rerun `attribute`")
+
+    def _alternatives(self, file: Path, table: pa.Table, sample_ids: list) -> list[AlternativeSample]:
+        """Each row's alternative answer, checked as the forget answers are: lists as long as the sample, token
+        ids in the vocabulary, a scored token, a finite log-likelihood not above 0."""
+        kind = self.alternative
+        ids, off = _list_column(table, f"{kind}_ids", np.int64)
+        scored, scored_off = _list_column(table, f"{kind}_scored", bool)
+        logp = table.column(f"{kind}_logp").to_numpy(zero_copy_only=False).astype(np.float64)
+        high = self.vocab_size if self.vocab_size is not None else np.iinfo(np.int64).max
+        out = []
+        for row, sample_id in enumerate(sample_ids):
+            s = slice(off[row], off[row + 1])
+            what = f"{file}: the {kind} answer of sample {sample_id}"
+            if not np.array_equal(np.diff(off[row:row + 2]), np.diff(scored_off[row:row + 2])):
+                raise DataError(f"{what}: {kind}_scored and {kind}_ids differ in length; rerun `attribute`")
+            if not scored[s].any():
+                raise DataError(f"{what} has no scored token; rerun `attribute`")
+            if ((ids[s] < 0) | (ids[s] >= high)).any():
+                raise DataError(f"{what} holds a token id outside the model's vocabulary: the shards were made "
+                                "with another tokenizer, or are corrupt; rerun `attribute`")
+            if not np.isfinite(logp[row]) or logp[row] > LOGP_TOLERANCE * scored[s].sum():
+                raise DataError(f"{what}: {kind}_logp is {logp[row]:g}, not a log-likelihood; rerun `attribute`")
+            out.append(AlternativeSample(ids[s], scored[s], float(logp[row])))
+        return out
 
     def _shard(self, shard: int) -> list[ForgetSample]:
         if shard in self._cache:
@@ -249,7 +305,25 @@ def forget_batch(samples: list[ForgetSample], pad_id: int) -> dict[str, torch.Te
         weights[b, :n] = torch.from_numpy(s.weights)
         ref[b, :n] = torch.from_numpy(s.ref_logp)
         scored[b, :n] = torch.from_numpy(s.scored)
-    return {"input_ids": ids, "attention_mask": attention, "weights": weights, "ref_logp": ref, "scored": scored}
+    batch = {"input_ids": ids, "attention_mask": attention, "weights": weights, "ref_logp": ref, "scored": scored}
+    if samples[0].alternative is not None:
+        batch["alternative"] = alternative_batch([s.alternative for s in samples], pad_id)
+    return batch
+
+
+def alternative_batch(samples: list[AlternativeSample], pad_id: int) -> dict[str, torch.Tensor]:
+    """The alternative answers of a forget micro-batch, padded like it, with θ_o's log-likelihood of each [B]."""
+    width = max(len(s.input_ids) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(samples), width), dtype=torch.long)
+    scored = torch.zeros((len(samples), width))
+    for b, s in enumerate(samples):
+        n = len(s.input_ids)
+        ids[b, :n] = torch.from_numpy(s.input_ids)
+        attention[b, :n] = 1
+        scored[b, :n] = torch.from_numpy(s.scored)
+    return {"input_ids": ids, "attention_mask": attention, "scored": scored,
+            "ref_logp": torch.tensor([s.ref_logp for s in samples])}
 
 
 WEIGHTS_SCHEMA = pa.schema([

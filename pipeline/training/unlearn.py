@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class UnlearnConfig:
     method: str = "ga"                 # a module of pipeline/training/methods: ga | wga | npo | rmu | graddiff |
-                                       # simnpo | satimp | ceu
+                                       # simnpo | satimp | ceu | idkdpo | altpo | idknll
     weighting: str = "uniform"         # uniform (sequence level) | hard (T-) | soft (S-)
     r: float = 0.2                     # hard: the top-r fraction of φ
     tau: float = 0.5                   # soft: softmax(φ / τ)
@@ -103,6 +103,11 @@ class UnlearnConfig:
             key = (origins or {}).get("mix", f"{where}.mix")
             raise ParamError(f"{key}={values['mix']!r}: the uniform weighting spreads the push evenly already; mix "
                              f"is for the hard and soft weightings (unlearn.weightings.hard.mix / soft.mix)")
+        if not METHODS[cfg.method].token_weights and cfg.weighting != "uniform":
+            key = (origins or {}).get("weighting", f"{where}.weighting")
+            raise ParamError(f"{key}={cfg.weighting!r}: {cfg.method} trains on each sample's "
+                             f"{METHODS[cfg.method].alternative} answer alone, and token weights are defined on the "
+                             f"forget answer's tokens (stage one scores those); use weighting: uniform")
         own = METHODS[cfg.method].own_retain
         if own and cfg.retain_loss != own[0]:
             key = (origins or {}).get("retain_loss", f"{where}.retain_loss")
@@ -110,6 +115,10 @@ class UnlearnConfig:
                              f"{own[0]} (for GA with another retain term, use method: ga)")
         if cfg.reduction == "token" and cfg.sequence_level:
             key = (origins or {}).get("reduction", f"{where}.reduction")
+            if not METHODS[cfg.method].token_weights:
+                raise ParamError(f"{key}='token': {cfg.method} is a loss of whole sequences (each sample's mean "
+                                 f"NLL of its {METHODS[cfg.method].alternative} answer), one value per sample, with "
+                                 f"no token losses to pool; use reduction: sample")
             if METHODS[cfg.method].weighs_itself:
                 raise ParamError(f"{key}='token': {cfg.method} is a loss of whole sequences under every weighting "
                                  f"(ω enters each sample's weighted mean), one value per sample, with no token "
@@ -382,14 +391,20 @@ def make_loss_fn(cfg: UnlearnConfig, reference) -> Callable:
         net, f = _net(model), batch["forget"]
         if method.skip_first:  # CE-U leaves each answer's first token out: no loss, no weight
             f = without_first_scored(f, method.skip_first)
-        out = _forward(net, f, output_hidden_states=method.needs_hidden)
-        scored = f["scored"] > 0
-        logp = next_token_logp(net, out.last_hidden_state, f["input_ids"], scored, cfg.chunk_size) \
-            if method.needs_logp else None
-        hidden = out.hidden_states[cfg.rmu_layer] if method.needs_hidden else None
-        from_logits = next_token_values(method.from_logits, net, out.last_hidden_state, f["input_ids"], scored,
-                                        cfg.chunk_size) if method.from_logits else None
-        forget = forget_loss(ForwardOut(logp, hidden, from_logits), f)
+        logp = hidden = from_logits = alternative_logp = None
+        if method.reads_forget_answer:
+            out = _forward(net, f, output_hidden_states=method.needs_hidden)
+            scored = f["scored"] > 0
+            logp = next_token_logp(net, out.last_hidden_state, f["input_ids"], scored, cfg.chunk_size) \
+                if method.needs_logp else None
+            hidden = out.hidden_states[cfg.rmu_layer] if method.needs_hidden else None
+            from_logits = next_token_values(method.from_logits, net, out.last_hidden_state, f["input_ids"], scored,
+                                            cfg.chunk_size) if method.from_logits else None
+        if method.alternative:  # the answer it prefers (or trains on), stage one's
+            alt = f["alternative"]
+            alternative_logp = next_token_logp(net, _forward(net, alt).last_hidden_state, alt["input_ids"],
+                                               alt["scored"] > 0, cfg.chunk_size)
+        forget = forget_loss(ForwardOut(logp, hidden, from_logits, alternative_logp), f)
         loss, metrics = forget, {"forget_loss": forget.item()}
         if retain is not None:
             retain_value = retain.loss(net, reference, batch["retain"], cfg)
@@ -570,7 +585,8 @@ def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataCon
     chooses."""
     rank, world_size = init_distributed()
     tokenizer = load_tokenizer(model_path, cfg.trust_remote_code)
-    forget = ForgetStream(shard_dir, cfg.weighting_spec, seed=train.seed)
+    forget = ForgetStream(shard_dir, cfg.weighting_spec, seed=train.seed, alternative=METHODS[cfg.method].alternative,
+                          method=cfg.method)
     retain = load_retain(cfg, data, tokenizer, forget.manifest["metadata"].get("split", ""))
     schedule = StepSchedule(len(forget), train.micro_batch_size, train.grad_accum, world_size, train.seed,
                             order=forget.epoch_order)

@@ -21,6 +21,8 @@ class ForwardOut:
     logp: torch.Tensor | None     # [B, T] log p_θ(s_i | s_<i), 0 where not scored (methods that read it)
     hidden: torch.Tensor | None   # [B, T, d] hidden states at rmu_layer (methods that read them)
     from_logits: torch.Tensor | None = None  # [B, T] the method's `from_logits` at each scored token, 0 elsewhere
+    alternative_logp: torch.Tensor | None = None  # [B, T'] log p_θ of the alternative answer's scored tokens
+    #                                              (batch["alternative"]), 0 elsewhere (methods with `alternative`)
 
 
 # A function of the whole next-token distribution at each scored position: (logits [N, vocab] that predict the N
@@ -62,6 +64,12 @@ class Method:
     #                                                (CE-U's), as out.from_logits
     skip_first: int = 0                              # the first n scored tokens of each sample get no loss and no
     #                                                weight (CE-U's `ignore_first_n_answer_tokens`)
+    alternative: str | None = None                   # trains on each forget sample's alternative answer of this
+    #                                                kind (stage one's attribution.alternatives: idk, perturbed):
+    #                                                the batch carries it with θ_o's Σ log p, the loop runs θ on it
+    #                                                (out.alternative_logp)
+    token_weights: bool = True                       # whether ω means something for it; False (a loss on another
+    #                                                answer's tokens alone, IdkNLL): only uniform weights
     own_retain: tuple[str, float] | None = None      # its own retain term and λ, as its authors define it
     prepare: Callable[..., Prepared] | None = None   # (model, params, rmu_layer, seed) -> Prepared: RMU's frozen
     #                                                layers and control vector
@@ -74,6 +82,11 @@ class Method:
     def weighs_itself(self) -> bool:
         """Whether its sequence loss reads ω itself and is its loss under every weighting (no token-level form)."""
         return self.token_loss is None
+
+    @property
+    def reads_forget_answer(self) -> bool:
+        """Whether its loss reads θ on the forget answer (all but IdkNLL): else that forward pass is skipped."""
+        return self.needs_logp or self.needs_hidden or self.from_logits is not None
 
     @property
     def hyperparameters(self) -> tuple[str, ...]:

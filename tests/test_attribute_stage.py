@@ -138,6 +138,36 @@ def test_alternatives_are_chosen_from_the_seed_and_scored_by_theta_o(alternative
     assert "alternatives" not in metrics["config"]
 
 
+def test_the_teacher_is_theta_os_top_k_and_the_rest_at_each_scored_token(alternatives_dir, attribution_dir,
+                                                                        micro_model_dir):
+    import numpy as np
+    import torch
+
+    from pipeline.common.modeling import load_model
+
+    shards = alternatives_dir[0] / "shards"
+    assert read_manifest(shards)["metadata"]["teacher_top_k"] == 8
+    assert json.loads((alternatives_dir[0] / "metrics.json").read_text())["config"]["teacher_top_k"] == 8
+    model = load_model(str(micro_model_dir)).eval()
+    for row in read_table(shards).to_pylist()[:4]:
+        ids, scored = row["input_ids"], np.array(row["scored"])
+        at = np.flatnonzero(scored)
+        with torch.no_grad():  # θ_o's next-token distributions, computed here from the model itself
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)[at - 1]
+        top = torch.tensor(row["teacher_ids"]).view(len(at), 8)
+        torch.testing.assert_close(torch.tensor(row["teacher_logp"]).view(len(at), 8).double(), logp.gather(-1, top),
+                                   atol=1e-4, rtol=0)
+        assert (logp.gather(-1, top)[:, -1:] >= logp.scatter(-1, top, -1e9).max(-1, keepdim=True).values - 1e-4).all()
+        rest = logp.scatter(-1, top, float("-inf")).scatter(-1, torch.tensor(ids)[at][:, None], float("-inf"))
+        torch.testing.assert_close(torch.tensor(row["teacher_tail"]).double(), torch.logsumexp(rest, -1).clamp(min=-30),
+                                   atol=1e-4, rtol=0)
+    # a pipeline without it writes no such column or metadata (its shards as before it existed)
+    plain = read_table(attribution_dir[0] / "shards")
+    assert not any(c.startswith("teacher_") for c in plain.column_names)
+    assert "teacher_top_k" not in read_manifest(attribution_dir[0] / "shards")["metadata"]
+    assert "teacher_top_k" not in json.loads((attribution_dir[0] / "metrics.json").read_text())["config"]
+
+
 def test_alternatives_need_a_question_and_the_splits_perturbed_answers(micro_world_dir, micro_model_dir, tmp_path):
     with pytest.raises(ParamError, match=r"^attribution.alternatives=\['idk', 'nope'\]: must be a list of distinct "):
         AttributionConfig.from_params({"alternatives": ["idk", "nope"]})

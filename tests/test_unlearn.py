@@ -62,11 +62,11 @@ def test_every_method_trains_and_writes_model_weights_and_curve(micro_model_dir,
 
 
 @pytest.mark.parametrize("method, weighting",
-                         [(m, w) for m in ("simnpo", "satimp", "ceu") for w in ("uniform", "soft")])
-def test_the_later_methods_train_with_uniform_and_soft_weights(attribution_dir, micro_model_dir, micro_world_dir,
-                                                               tmp_path, method, weighting):
+                         [(m, w) for m in ("simnpo", "satimp", "ceu", "undial") for w in ("uniform", "soft")])
+def test_the_later_methods_train_with_uniform_and_soft_weights(micro_model_dir, micro_world_dir, tmp_path, method,
+                                                               weighting, request):
     # hard weights: test_every_method_trains_and_writes_model_weights_and_curve
-    out = _run(tmp_path, micro_model_dir, attribution_dir[0] / "shards", micro_world_dir, method, method=method,
+    out = _run(tmp_path, micro_model_dir, shards_for(method, request), micro_world_dir, method, method=method,
                weighting=weighting, retain_loss="none")
     rows = (tmp_path / f"{method}.csv").read_text().splitlines()
     header, first = rows[0].split(","), dict(zip(rows[0].split(","), rows[1].split(",")))
@@ -99,6 +99,17 @@ def test_shards_of_another_model_are_refused(attribution_dir, micro_tokenizer, m
     assert not (tmp_path / "x").exists()
 
 
+def test_undial_refuses_shards_without_the_teacher_naming_the_directory_and_the_param(attribution_dir,
+                                                                                       micro_model_dir,
+                                                                                       micro_world_dir, tmp_path):
+    shards = attribution_dir[0] / "shards"
+    with pytest.raises(ParamError, match=rf"^{shards}: method undial distils from θ_o's next-token distribution .*"
+                                         r"set attribution.teacher_top_k \(e.g. attribution.teacher_top_k: 32\) "
+                                         r"and rerun `attribute`$"):
+        _run(tmp_path, micro_model_dir, shards, micro_world_dir, "undial", method="undial")
+    assert not (tmp_path / "undial").exists()
+
+
 def test_unknown_method_is_an_error():
     with pytest.raises(ParamError, match=r"u.method='dpo': must be one of \['altpo', 'ceu', 'ga', "):
         UnlearnConfig.from_params({"method": "dpo"}, "u")
@@ -112,7 +123,7 @@ def test_every_method_module_declares_what_the_loop_needs():
     from pipeline.training.unlearn import RETAIN_LOSSES
 
     assert sorted(METHODS) == ["altpo", "ceu", "ga", "graddiff", "idkdpo", "idknll", "npo", "rmu", "satimp",
-                               "simnpo", "wga"]
+                               "simnpo", "undial", "wga"]
     config_keys = {f.name for f in fields(UnlearnConfig)}
     g = torch.Generator().manual_seed(0)
     batch = {"weights": torch.rand(2, 5, generator=g), "scored": torch.ones(2, 5),
@@ -144,7 +155,13 @@ def test_every_method_module_declares_what_the_loop_needs():
     assert satimp.needs_logp and not satimp.weighs_itself and (satimp.params().beta1, satimp.params().beta2) == (5, 1)
     assert not ceu.needs_logp and ceu.from_logits is not None and ceu.skip_first == 1 and not ceu.hyperparameters
     assert all(m.own_retain is None for m in (simnpo, satimp, ceu))  # the run's retain term, as NPO's and WGA's
-    assert all(m.skip_first == 0 and m.from_logits is None for name, m in METHODS.items() if name != "ceu")
+    assert all(m.skip_first == 0 and m.from_logits is None for name, m in METHODS.items()
+               if name not in ("ceu", "undial"))
+    # UNDIAL: the whole next-token distribution against θ_o's top k, stage one's (the teacher), β = 10
+    undial = METHODS["undial"]
+    assert undial.teacher and undial.from_logits is not None and not undial.needs_logp and undial.skip_first == 0
+    assert undial.hyperparameters == ("beta",) and undial.params().beta == 10.0 and undial.own_retain is None
+    assert [name for name, m in METHODS.items() if m.teacher] == ["undial"]
     for weighting in ("uniform", "hard", "soft"):
         assert UnlearnConfig.from_params({"method": "simnpo", "weighting": weighting}, "u").sequence_level
         assert not UnlearnConfig.from_params({"method": "ceu", "weighting": weighting}, "u").sequence_level

@@ -26,6 +26,7 @@ from pipeline.attribution.shards import (ALTERNATIVES, MANIFEST, SIGNAL_COLUMNS,
 from pipeline.attribution.signals import (AttributionInput, add_phi, build_qa_inputs, corpus_input, scatter,
                                           score_batch)
 from pipeline.attribution.tagging import DEFAULT_UPOS, CachedTagger, make_tagger, tag_cache_file, with_upos
+from pipeline.attribution.teacher import teacher_row
 from pipeline.attribution.variants import (CONTENT_UPOS, LearnedScorer, copied_tokens,
                                            gradient_x_input, per_noun_deltas, phrase_spans, span_ids)
 from pipeline.common.atomic import atomic_dir, write_json
@@ -67,6 +68,9 @@ class AttributionConfig:
                                      # each, for IdkDPO, AltPO, IdkNLL (pipeline/attribution/alternatives.py): idk,
                                      # perturbed (QA mode); empty: none, the shards as without them
     alternatives_seed: int = 0       # which idk / perturbed answer each question gets (a fixed choice)
+    teacher_top_k: int = 0           # > 0: θ_o's top-k next-token log-probabilities and tail mass at each scored
+                                     # token, for UNDIAL (pipeline/attribution/teacher.py); 0: none, the shards as
+                                     # without them
 
     @classmethod
     def from_params(cls, params: dict, where: str = "attribution") -> "AttributionConfig":
@@ -80,7 +84,7 @@ class AttributionConfig:
                  "signals": Rule(lambda v: isinstance(v, list) and set(v) <= set(SIGNAL_COLUMNS)
                                  and len(set(v)) == len(v),
                                  f"a list of distinct signals from {sorted(SIGNAL_COLUMNS)}"),
-                 "learned_max_samples": at_least(1),
+                 "learned_max_samples": at_least(1), "teacher_top_k": at_least(0),
                  "alternatives": Rule(lambda v: isinstance(v, list) and set(v) <= set(ALTERNATIVES)
                                       and len(set(v)) == len(v),
                                       f"a list of distinct alternatives from {list(ALTERNATIVES)}")}
@@ -290,11 +294,13 @@ def _row(x: AttributionInput, split: str, s, extra: dict) -> dict:
 
 
 def recorded_config(cfg: AttributionConfig) -> dict:
-    """The config the metrics record: the alternatives' keys only where some are asked for, so a pipeline without
-    them records what it recorded before they existed."""
+    """The config the metrics record: the alternatives' and the teacher's keys only where they are asked for, so a
+    pipeline without them records what it recorded before they existed."""
     config = asdict(cfg)
     if not cfg.alternatives:
         del config["alternatives"], config["alternatives_seed"]
+    if not cfg.teacher_top_k:
+        del config["teacher_top_k"]
     return config
 
 
@@ -338,12 +344,15 @@ def run_attribution(cfg: AttributionConfig, data: DataConfig, out_dir: Path, met
     if cfg.alternatives:  # named only where asked for: shards without them are written as they always were
         metadata |= {"alternatives": sorted(cfg.alternatives), "alternatives_seed": cfg.alternatives_seed}
         answers = alternative_answers(cfg.alternatives, records, data.source, cfg.split, cfg.alternatives_seed)
+    teacher_k = min(cfg.teacher_top_k, model.get_input_embeddings().num_embeddings)
+    if teacher_k:  # likewise: the k kept (at most the vocabulary), where asked for
+        metadata["teacher_top_k"] = teacher_k
     # Every process writes its shards into one temporary directory beside `out_dir`, which the main process
     # renames into place once the manifest is written, or removes if anything fails.
     with atomic_dir(out_dir) if is_main_process() else contextlib.nullcontext() as tmp:
         tmp = Path(broadcast_from_main(str(tmp) if tmp else None))
         writer = ShardWriter(tmp, f"part-r{rank:03d}", cfg.rows_per_shard, metadata,
-                             shard_schema(cfg.signals, cfg.alternatives))
+                             shard_schema(cfg.signals, cfg.alternatives, teacher=bool(teacher_k)))
         if scorer is not None and is_main_process():
             from safetensors.torch import save_file
             save_file(scorer.state_dict(), str(tmp / "learned_scorer.safetensors"))
@@ -357,11 +366,12 @@ def run_attribution(cfg: AttributionConfig, data: DataConfig, out_dir: Path, met
             for s in range(0, len(inputs), cfg.batch_size):
                 batch = inputs[s : s + cfg.batch_size]
                 signals = score_batch(model, batch, tokenizer.pad_token_id, cfg.chunk_size,
-                                      return_hidden=scorer is not None)
+                                      return_hidden=scorer is not None, teacher_top_k=teacher_k)
                 alternatives = score_alternatives(model, batch, tokenizer.pad_token_id, cfg.chunk_size, cfg.model)
                 for x, sig, extra, alt in zip(batch, signals, extra_signals(batch, signals), alternatives):
                     check_finite(sig, x, cfg.model, extra)
-                    writer.add(_row(x, cfg.split, add_phi(sig, cfg.alpha), {**extra, **alt}))
+                    tea = teacher_row(sig.teacher, x.sample_id, cfg.model) if teacher_k else {}
+                    writer.add(_row(x, cfg.split, add_phi(sig, cfg.alpha), {**extra, **alt, **tea}))
             bar.update(len(inputs) + len(local["skipped"]) - skipped_seen)
             skipped_seen = len(local["skipped"])
             local["samples"] += len(inputs)

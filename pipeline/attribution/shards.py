@@ -17,6 +17,7 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.attribution.teacher import TEACHER_COLUMNS
 from pipeline.common.atomic import write_json
 from pipeline.common.errors import DataError
 
@@ -73,8 +74,9 @@ def alternative_columns(kind: str) -> dict[str, pa.DataType]:
             f"{kind}_logp": pa.float64()}               # θ_o's Σ log p over the scored tokens (one per sample)
 
 
-def shard_schema(signals: list[str] = (), alternatives: list[str] = ()) -> pa.Schema:
-    """The paper's columns, then those the extra `signals` add, then those of the `alternatives`."""
+def shard_schema(signals: list[str] = (), alternatives: list[str] = (), teacher: bool = False) -> pa.Schema:
+    """The paper's columns, then those the extra `signals` add, then those of the `alternatives`, then θ_o's top-k
+    (`teacher`: attribution.teacher_top_k > 0; pipeline/attribution/teacher.py)."""
     schema = SCHEMA
     for signal in sorted(signals):
         for name in SIGNAL_COLUMNS[signal]:
@@ -82,6 +84,8 @@ def shard_schema(signals: list[str] = (), alternatives: list[str] = ()) -> pa.Sc
     for kind in sorted(alternatives):
         for name, dtype in alternative_columns(kind).items():
             schema = schema.append(pa.field(name, dtype))
+    for name, dtype in (TEACHER_COLUMNS.items() if teacher else ()):
+        schema = schema.append(pa.field(name, dtype))
     return schema
 
 
@@ -237,9 +241,10 @@ def check_shards(shard_dir: str | Path, manifest: dict, columns: dict[str, pa.Da
 
 
 def column_types(names) -> dict[str, pa.DataType]:
-    """The types of attribution columns `names` (the paper's, the extra signals' and the alternatives') as
+    """The types of attribution columns `names` (the paper's, the extra signals', the alternatives', the teacher's) as
     `attribute` writes them."""
-    known = {**EXTRA_COLUMNS, **{k: v for kind in ALTERNATIVES for k, v in alternative_columns(kind).items()}}
+    known = {**EXTRA_COLUMNS, **{k: v for kind in ALTERNATIVES for k, v in alternative_columns(kind).items()},
+             **TEACHER_COLUMNS}
     return {name: SCHEMA.field(name).type if name in SCHEMA.names else known[name] for name in names}
 
 

@@ -10,6 +10,7 @@ token losses with ω (`reduction`: per sample, or over the batch's tokens), and 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class UnlearnConfig:
     method: str = "ga"                 # a module of pipeline/training/methods: ga | wga | npo | rmu | graddiff |
-                                       # simnpo | satimp | ceu | idkdpo | altpo | idknll
+                                       # simnpo | satimp | ceu | idkdpo | altpo | idknll | undial
     weighting: str = "uniform"         # uniform (sequence level) | hard (T-) | soft (S-)
     r: float = 0.2                     # hard: the top-r fraction of φ
     tau: float = 0.5                   # soft: softmax(φ / τ)
@@ -241,13 +242,15 @@ def _head(net) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def next_token_values(fn: Callable, net, last_hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
-                      chunk_size: int) -> torch.Tensor:
-    """fn(logits predicting token i, ids[b, i]) at the positions marked (i ≥ 1), 0 elsewhere: [B, T]. `fn` maps
-    [N, vocab] logits and [N] tokens to [N]; it runs on `chunk_size` positions at a time."""
+                      chunk_size: int, *at_token: torch.Tensor) -> torch.Tensor:
+    """fn(logits predicting token i, ids[b, i], *(x[b, i] for x in at_token)) at the positions marked (i ≥ 1), 0
+    elsewhere: [B, T]. `fn` maps [N, vocab] logits, [N] tokens (and the [N, ...] values of `at_token`, [B, T, ...]
+    each) to [N]; it runs on `chunk_size` positions at a time."""
     positions = positions.clone()
     positions[:, 0] = False  # the first token has no prefix
     rows, cols = positions.nonzero(as_tuple=True)
-    values = by_chunks(fn, _head(net), last_hidden[rows, cols - 1], ids[rows, cols], chunk=chunk_size)
+    values = by_chunks(fn, _head(net), last_hidden[rows, cols - 1], ids[rows, cols],
+                       *(x[rows, cols] for x in at_token), chunk=chunk_size)
     return torch.zeros(ids.shape, dtype=values.dtype, device=values.device).index_put((rows, cols), values)
 
 
@@ -398,8 +401,11 @@ def make_loss_fn(cfg: UnlearnConfig, reference) -> Callable:
             logp = next_token_logp(net, out.last_hidden_state, f["input_ids"], scored, cfg.chunk_size) \
                 if method.needs_logp else None
             hidden = out.hidden_states[cfg.rmu_layer] if method.needs_hidden else None
-            from_logits = next_token_values(method.from_logits, net, out.last_hidden_state, f["input_ids"], scored,
-                                            cfg.chunk_size) if method.from_logits else None
+            teacher = [f[k] for k in ("teacher_ids", "teacher_logp", "teacher_tail", "ref_logp")] \
+                if method.teacher else []  # θ_o at each token, stage one's (UNDIAL)
+            from_logits = next_token_values(functools.partial(method.from_logits, params=params), net,
+                                            out.last_hidden_state, f["input_ids"], scored, cfg.chunk_size,
+                                            *teacher) if method.from_logits else None
         if method.alternative:  # the answer it prefers (or trains on), stage one's
             alt = f["alternative"]
             alternative_logp = next_token_logp(net, _forward(net, alt).last_hidden_state, alt["input_ids"],
@@ -586,7 +592,7 @@ def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataCon
     rank, world_size = init_distributed()
     tokenizer = load_tokenizer(model_path, cfg.trust_remote_code)
     forget = ForgetStream(shard_dir, cfg.weighting_spec, seed=train.seed, alternative=METHODS[cfg.method].alternative,
-                          method=cfg.method)
+                          method=cfg.method, teacher=METHODS[cfg.method].teacher)
     retain = load_retain(cfg, data, tokenizer, forget.manifest["metadata"].get("split", ""))
     schedule = StepSchedule(len(forget), train.micro_batch_size, train.grad_accum, world_size, train.seed,
                             order=forget.epoch_order)

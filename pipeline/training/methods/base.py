@@ -26,8 +26,9 @@ class ForwardOut:
 
 
 # A function of the whole next-token distribution at each scored position: (logits [N, vocab] that predict the N
-# tokens, the tokens [N]) -> [N]. The loop evaluates it `chunk_size` positions at a time (losses.by_chunks), so
-# no [batch, length, vocab] tensor is made.
+# tokens, the tokens [N], then, for a method with `teacher`, θ_o's top-k ids [N, k], log-probs [N, k], tail [N] and
+# log-prob of the token [N], and always the keyword `params`, the method's) -> [N]. The loop evaluates it
+# `chunk_size` positions at a time (losses.by_chunks), so no [batch, length, vocab] tensor is made.
 FromLogits = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -68,6 +69,9 @@ class Method:
     #                                                kind (stage one's attribution.alternatives: idk, perturbed):
     #                                                the batch carries it with θ_o's Σ log p, the loop runs θ on it
     #                                                (out.alternative_logp)
+    teacher: bool = False                            # its from_logits reads θ_o's top-k next-token distribution
+    #                                                at each scored token, kept by stage one (attribution.
+    #                                                teacher_top_k; UNDIAL): no reference model in stage two
     token_weights: bool = True                       # whether ω means something for it; False (a loss on another
     #                                                answer's tokens alone, IdkNLL): only uniform weights
     own_retain: tuple[str, float] | None = None      # its own retain term and λ, as its authors define it

@@ -22,7 +22,7 @@ import torch
 from pipeline.training.methods.base import ForwardOut, Method, NoParams
 
 
-def ceu_from_logits(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def ceu_from_logits(logits: torch.Tensor, targets: torch.Tensor, params: NoParams | None = None) -> torch.Tensor:
     """CE(softmax(sg[z] with z_y = −∞), softmax(z)) per position: [N, vocab] logits, [N] tokens y -> [N]."""
     logits = logits.float()
     others = logits.detach().scatter(-1, targets.long()[:, None], float("-inf"))

@@ -55,7 +55,8 @@ def peak_memory_mib() -> float:
 
 def comparison_loss(cfg, reference):
     """open-unlearning's NPO + KL: reference forwards on both batches, full logits of both models upcast to fp32."""
-    from pipeline.training.losses import forward_kl_loss, npo_sequence_loss, token_logp
+    from pipeline.training.losses import forward_kl_loss, token_logp
+    from pipeline.training.methods.npo import npo_sequence_loss
 
     def loss_fn(model, batch):
         f, r = batch["forget"], batch["retain"]
@@ -64,7 +65,7 @@ def comparison_loss(cfg, reference):
         logp, mask = token_logp(model(**kw).logits.float(), labels)
         with torch.no_grad():
             ref_logp, _ = token_logp(reference(**kw).logits.float(), labels)
-        forget = npo_sequence_loss(logp, ref_logp, mask.float(), cfg.beta)
+        forget = npo_sequence_loss(logp, ref_logp, mask.float(), cfg.method_params.beta)
         kw = {"input_ids": r["input_ids"], "attention_mask": r["attention_mask"]}
         logits = model(**kw).logits.float()
         with torch.no_grad():

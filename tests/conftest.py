@@ -159,3 +159,26 @@ def attribution_dir(micro_world_dir, micro_model_dir, tmp_path_factory):
     cfg = AttributionConfig(**{**ATTRIBUTION, "model": str(micro_model_dir)})
     summary = run_attribution(cfg, DataConfig(source=str(micro_world_dir)), out / "shards", out / "metrics.json")
     return out, summary
+
+
+@pytest.fixture(scope="session")
+def alternatives_dir(micro_world_dir, micro_model_dir, tmp_path_factory):
+    """Stage one's output as `attribution_dir`'s, with both alternative answers (idk, perturbed) and θ_o's
+    log-likelihood of each: what IdkDPO, AltPO and IdkNLL train on; and θ_o's top 8 at each scored token, UNDIAL's
+    teacher. (directory, summary)"""
+    from pipeline.attribution.run import AttributionConfig, run_attribution
+    from pipeline.data.config import DataConfig
+
+    out = tmp_path_factory.mktemp("attr-alternatives")
+    cfg = AttributionConfig(**{**ATTRIBUTION, "model": str(micro_model_dir), "alternatives": ["idk", "perturbed"],
+                                       "teacher_top_k": 8})
+    summary = run_attribution(cfg, DataConfig(source=str(micro_world_dir)), out / "shards", out / "metrics.json")
+    return out, summary
+
+
+def shards_for(method: str, request) -> Path:
+    """The micro world's shards a method trains on: with the alternative answers where it reads one."""
+    from pipeline.training.methods import METHODS
+
+    fixture = "alternatives_dir" if METHODS[method].alternative or METHODS[method].teacher else "attribution_dir"
+    return request.getfixturevalue(fixture)[0] / "shards"

@@ -94,6 +94,97 @@ def test_readers_refuse_incomplete_or_altered_directories(attribution_dir, tmp_p
         read_table(copy)
 
 
+def test_alternatives_are_chosen_from_the_seed_and_scored_by_theta_o(alternatives_dir, attribution_dir,
+                                                                     micro_world_dir, micro_model_dir):
+    import torch
+
+    from pipeline.attribution.alternatives import choose
+    from pipeline.common.modeling import load_model
+    from pipeline.data.idk import IDK_ANSWERS
+    from pipeline.data.tofu import load_split
+
+    shards = alternatives_dir[0] / "shards"
+    manifest = read_manifest(shards)
+    assert manifest["metadata"]["alternatives"] == ["idk", "perturbed"]
+    assert manifest["metadata"]["alternatives_seed"] == 0
+    rows, plain = read_table(shards).to_pylist(), read_table(attribution_dir[0] / "shards")
+    forget = load_split(micro_world_dir, "forget10")
+    perturbed = {r["question"]: r["perturbed_answer"] for r in load_split(micro_world_dir, "forget10_perturbed")}
+    # the paper's columns are those of a run without alternatives: only columns are added
+    assert same_rows(read_table(shards, plain.column_names), plain)
+    model = load_model(str(micro_model_dir)).eval()
+    for row in rows:
+        question = forget[row["sample_id"]]["question"]
+        assert row["idk_answer"] == IDK_ANSWERS[choose(0, "idk", question, len(IDK_ANSWERS))]
+        options = perturbed[question]
+        assert row["perturbed_answer"] == options[choose(0, "perturbed", question, len(options))]
+        for kind in ("idk", "perturbed"):
+            ids, scored = row[f"{kind}_ids"], row[f"{kind}_scored"]
+            # the same prompt as the forget sample, then the alternative answer, scored from where the answer starts
+            prompt = row["scored"].index(True)
+            assert ids[:prompt] == row["input_ids"][:prompt] and scored.index(True) == prompt
+            assert len(ids) == len(scored) and scored[-1]  # EOS is scored, as for the forget answer
+            with torch.no_grad():  # θ_o's Σ log p of the scored tokens, computed here from the model itself
+                logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+            expected = sum(logp[i - 1, ids[i]].item() for i in range(len(ids)) if scored[i])
+            assert row[f"{kind}_logp"] == pytest.approx(expected, abs=1e-4)
+    # another seed chooses other answers (for some question), and stage one's metadata says which
+    assert any(choose(0, "idk", q["question"], len(IDK_ANSWERS)) != choose(1, "idk", q["question"], len(IDK_ANSWERS))
+               for q in forget)
+    # a pipeline without alternatives writes no such column or metadata (its shards as before they existed)
+    assert not any(c.startswith(("idk_", "perturbed_")) for c in plain.column_names)
+    assert "alternatives" not in read_manifest(attribution_dir[0] / "shards")["metadata"]
+    metrics = json.loads((attribution_dir[0] / "metrics.json").read_text())
+    assert "alternatives" not in metrics["config"]
+
+
+def test_the_teacher_is_theta_os_top_k_and_the_rest_at_each_scored_token(alternatives_dir, attribution_dir,
+                                                                        micro_model_dir):
+    import numpy as np
+    import torch
+
+    from pipeline.common.modeling import load_model
+
+    shards = alternatives_dir[0] / "shards"
+    assert read_manifest(shards)["metadata"]["teacher_top_k"] == 8
+    assert json.loads((alternatives_dir[0] / "metrics.json").read_text())["config"]["teacher_top_k"] == 8
+    model = load_model(str(micro_model_dir)).eval()
+    for row in read_table(shards).to_pylist()[:4]:
+        ids, scored = row["input_ids"], np.array(row["scored"])
+        at = np.flatnonzero(scored)
+        with torch.no_grad():  # θ_o's next-token distributions, computed here from the model itself
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)[at - 1]
+        top = torch.tensor(row["teacher_ids"]).view(len(at), 8)
+        torch.testing.assert_close(torch.tensor(row["teacher_logp"]).view(len(at), 8).double(), logp.gather(-1, top),
+                                   atol=1e-4, rtol=0)
+        assert (logp.gather(-1, top)[:, -1:] >= logp.scatter(-1, top, -1e9).max(-1, keepdim=True).values - 1e-4).all()
+        rest = logp.scatter(-1, top, float("-inf")).scatter(-1, torch.tensor(ids)[at][:, None], float("-inf"))
+        torch.testing.assert_close(torch.tensor(row["teacher_tail"]).double(), torch.logsumexp(rest, -1).clamp(min=-30),
+                                   atol=1e-4, rtol=0)
+    # a pipeline without it writes no such column or metadata (its shards as before it existed)
+    plain = read_table(attribution_dir[0] / "shards")
+    assert not any(c.startswith("teacher_") for c in plain.column_names)
+    assert "teacher_top_k" not in read_manifest(attribution_dir[0] / "shards")["metadata"]
+    assert "teacher_top_k" not in json.loads((attribution_dir[0] / "metrics.json").read_text())["config"]
+
+
+def test_alternatives_need_a_question_and_the_splits_perturbed_answers(micro_world_dir, micro_model_dir, tmp_path):
+    with pytest.raises(ParamError, match=r"^attribution.alternatives=\['idk', 'nope'\]: must be a list of distinct "):
+        AttributionConfig.from_params({"alternatives": ["idk", "nope"]})
+    with pytest.raises(ParamError, match=r"^attribution.alternatives=\['idk'\]: alternative answers are answers to "
+                                         r"a question; corpus mode has passages"):
+        AttributionConfig.from_params({"mode": "corpus", "corpus": "c.json", "alternatives": ["idk"]})
+    import shutil
+
+    source = tmp_path / "world"  # a source without forget10_perturbed.json
+    shutil.copytree(micro_world_dir, source)
+    (source / "forget10_perturbed.json").unlink()
+    with pytest.raises(DataError, match=r"forget10_perturbed.json: file not found"):
+        run_attribution(_config(micro_model_dir, alternatives=["perturbed"]), DataConfig(source=str(source)),
+                        tmp_path / "x", None)
+    assert not (tmp_path / "x").exists()
+
+
 def test_corpus_mode_on_biographies(micro_world_dir, micro_model_dir, tmp_path):
     cfg = _config(micro_model_dir, mode="corpus", corpus=str(micro_world_dir / "biographies.json"))
     summary = run_attribution(cfg, DataConfig(source=str(micro_world_dir), max_length=128), tmp_path / "c", None)

@@ -102,3 +102,66 @@ def test_a_sample_without_scored_tokens_names_the_shard(tmp_path):
     (shards / "_manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DataError, match=r"part-00000.parquet: sample 0 has no scored token"):
         ForgetStream(shards, Weighting()).get([0])
+
+
+def test_a_stream_for_a_preference_method_carries_each_samples_alternative_answer(alternatives_dir, tmp_path):
+    shards = alternatives_dir[0] / "shards"
+    table = {r["sample_id"]: r for r in read_table(shards).to_pylist()}
+    stream = ForgetStream(shards, Weighting(), alternative="perturbed", method="altpo")
+    samples = stream.get([0, 1, 2])
+    for s in samples:
+        row = table[s.sample_id]
+        assert s.alternative.input_ids.tolist() == row["perturbed_ids"]
+        assert s.alternative.scored.tolist() == row["perturbed_scored"]
+        assert s.alternative.ref_logp == row["perturbed_logp"] < 0
+    batch = forget_batch(samples, pad_id=0)
+    alt = batch["alternative"]  # padded like the forget answers, θ_o's Σ log p per sample
+    width = max(len(s.alternative.input_ids) for s in samples)
+    assert alt["input_ids"].shape == alt["scored"].shape == alt["attention_mask"].shape == (3, width)
+    assert alt["attention_mask"].sum(-1).tolist() == [len(s.alternative.input_ids) for s in samples]
+    assert alt["ref_logp"].tolist() == pytest.approx([s.alternative.ref_logp for s in samples])
+    assert "alternative" not in forget_batch(ForgetStream(shards, Weighting()).get([0, 1]), pad_id=0)
+    # a corrupted score is refused naming the file, the sample and the column
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(shards, copy)
+    first = sorted(copy.glob("*.parquet"))[0]
+    t = pq.read_table(first)
+    t = t.set_column(t.schema.get_field_index("idk_logp"), t.schema.field("idk_logp"),
+                     pa.array([0.5] * t.num_rows, pa.float64()))
+    pq.write_table(t, first)
+    manifest = json.loads((copy / "_manifest.json").read_text())
+    manifest["shards"][0]["sha256"] = _sha256(first)
+    (copy / "_manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match=rf"{first}: the idk answer of sample \d+: idk_logp is 0.5, not a "
+                                        r"log-likelihood; rerun `attribute`"):
+        ForgetStream(copy, Weighting(), alternative="idk", method="idkdpo").get([0])
+
+
+def test_a_stream_for_undial_carries_theta_os_top_k_at_each_scored_token(alternatives_dir, tmp_path):
+    import torch
+
+    shards = alternatives_dir[0] / "shards"
+    assert json.loads((shards / "_manifest.json").read_text())["metadata"]["teacher_top_k"] == 8
+    table = {r["sample_id"]: r for r in read_table(shards).to_pylist()}
+    samples = ForgetStream(shards, Weighting(), teacher=True, method="undial").get([0, 1, 2])
+    for s in samples:
+        row, n = table[s.sample_id], int(s.scored.sum())
+        ids, logp, tail = s.teacher
+        assert ids.shape == logp.shape == (n, 8) and tail.shape == (n,)
+        assert ids.reshape(-1).tolist() == row["teacher_ids"]
+        assert (np.diff(logp, axis=1) <= 0).all() and (logp <= 0).all()  # the top 8, most likely first
+        # the top 8, the true token (logp_orig) and the tail hold θ_o's whole mass
+        true = np.array(row["logp_orig"])[s.scored]
+        in_top = (ids == s.input_ids[s.scored][:, None]).any(1)
+        mass = np.exp(logp).sum(1) + np.where(in_top, 0, np.exp(true)) + np.exp(tail)
+        assert mass == pytest.approx(np.ones(n), abs=1e-4)
+    batch = forget_batch(samples, pad_id=0)
+    width = batch["input_ids"].shape[1]
+    assert batch["teacher_ids"].shape == batch["teacher_logp"].shape == (3, width, 8)
+    for b, s in enumerate(samples):  # each scored token's teacher at its position, 0 elsewhere
+        at = torch.from_numpy(np.flatnonzero(s.scored))
+        assert batch["teacher_ids"][b, at].tolist() == s.teacher[0].tolist()
+        assert batch["teacher_tail"][b].count_nonzero() <= len(at)
+    assert "teacher_ids" not in forget_batch(ForgetStream(shards, Weighting()).get([0]), pad_id=0)

@@ -14,7 +14,7 @@ from pipeline.training.finetune import job_from_params, run_finetune
 from pipeline.training.lora import LoraSpec, apply_lora, reference_view
 from pipeline.training.unlearn import METHODS, run_configs, run_unlearn
 
-from .conftest import TINY_MODEL, killed_at_step, load_weights, micro_params, read_curve
+from .conftest import TINY_MODEL, killed_at_step, load_weights, micro_params, read_curve, shards_for
 
 LORA = {"r": 4, "alpha": 8}
 TRAIN = {"epochs": 2, "lr": 3e-3, "micro_batch_size": 2, "warmup_ratio": 0.0, "seed": 0}
@@ -119,8 +119,9 @@ def test_the_reference_view_keeps_frozen_adapters_frozen_and_the_step_intact():
 
 
 def _unlearn(tmp_path, model_dir, shards, world_dir, tag, method, lora=LORA, **train):
+    weighting = "hard" if METHODS[method].token_weights else "uniform"  # IdkNLL: no token weights
     params = {"unlearn": {"train": {**TRAIN, "lora": lora, **train}, "defaults": {"rmu_layer": 2},
-                          "runs": {tag: {"method": method, "weighting": "hard"}}}}
+                          "runs": {tag: {"method": method, "weighting": weighting}}}}
     cfg, train_cfg = run_configs(params, tag)
     out = tmp_path / tag
     run_unlearn(tag, cfg, train_cfg, DataConfig(source=str(world_dir)), str(model_dir), shards, out,
@@ -129,11 +130,11 @@ def _unlearn(tmp_path, model_dir, shards, world_dir, tag, method, lora=LORA, **t
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_every_method_trains_with_lora_and_writes_a_merged_model(attribution_dir, micro_model_dir, micro_world_dir,
-                                                                   tmp_path, method):
+def test_every_method_trains_with_lora_and_writes_a_merged_model(micro_model_dir, micro_world_dir, tmp_path, method,
+                                                                   request):
     from transformers import AutoModelForCausalLM
 
-    model_dir = _unlearn(tmp_path, micro_model_dir, attribution_dir[0] / "shards", micro_world_dir, method, method)
+    model_dir = _unlearn(tmp_path, micro_model_dir, shards_for(method, request), micro_world_dir, method, method)
     AutoModelForCausalLM.from_pretrained(model_dir, use_safetensors=True)  # a plain model, as any stage writes
     assert not (model_dir / "adapter_config.json").exists()
     before, after = load_weights(micro_model_dir), load_weights(model_dir)

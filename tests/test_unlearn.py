@@ -13,7 +13,7 @@ from pipeline.training.engine import TrainConfig
 from pipeline.training.forget_stream import ForgetStream
 from pipeline.training.unlearn import METHODS, UnlearnConfig, load_retain, run_configs, run_spec, run_unlearn
 
-from .conftest import ATTRIBUTION, killed_at_step, load_weights
+from .conftest import ATTRIBUTION, killed_at_step, load_weights, shards_for
 
 TRAIN = {"epochs": 2, "lr": 1e-3, "micro_batch_size": 2, "warmup_ratio": 0.0, "seed": 0}
 
@@ -42,10 +42,11 @@ def test_weights_come_from_phi(attribution_dir, weighting):
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_every_method_trains_and_writes_model_weights_and_curve(attribution_dir, micro_model_dir, micro_world_dir,
-                                                                 tmp_path, method):
-    out = _run(tmp_path, micro_model_dir, attribution_dir[0] / "shards", micro_world_dir, method, method=method,
-               weighting="hard")
+def test_every_method_trains_and_writes_model_weights_and_curve(micro_model_dir, micro_world_dir, tmp_path, method,
+                                                                 request):
+    weighting = "hard" if METHODS[method].token_weights else "uniform"  # IdkNLL: no token weights
+    out = _run(tmp_path, micro_model_dir, shards_for(method, request), micro_world_dir, method, method=method,
+               weighting=weighting)
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(out / "model", use_safetensors=True)
@@ -60,6 +61,33 @@ def test_every_method_trains_and_writes_model_weights_and_curve(attribution_dir,
         assert all(k.startswith(("model.layers.0.", "model.layers.1.")) for k in changed), sorted(changed)
 
 
+@pytest.mark.parametrize("method, weighting",
+                         [(m, w) for m in ("simnpo", "satimp", "ceu", "undial") for w in ("uniform", "soft")])
+def test_the_later_methods_train_with_uniform_and_soft_weights(micro_model_dir, micro_world_dir, tmp_path, method,
+                                                               weighting, request):
+    # hard weights: test_every_method_trains_and_writes_model_weights_and_curve
+    out = _run(tmp_path, micro_model_dir, shards_for(method, request), micro_world_dir, method, method=method,
+               weighting=weighting, retain_loss="none")
+    rows = (tmp_path / f"{method}.csv").read_text().splitlines()
+    header, first = rows[0].split(","), dict(zip(rows[0].split(","), rows[1].split(",")))
+    assert "forget_loss" in header and math.isfinite(float(first["forget_loss"])) and len(rows) > 2
+    before, after = load_weights(micro_model_dir), load_weights(out / "model")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_the_token_reduction_trains_and_moves_the_weights(attribution_dir, micro_model_dir, micro_world_dir,
+                                                          tmp_path):
+    # Hard weights select ⌈r·n⌉ tokens of each sample: pooled over the batch's tokens, a longer answer weighs more
+    # than in the per-sample mean, so the two reductions train different weights.
+    shards = attribution_dir[0] / "shards"
+    trained = {reduction: load_weights(_run(tmp_path, micro_model_dir, shards, micro_world_dir, reduction,
+                                            method="ga", weighting="hard", reduction=reduction) / "model")
+               for reduction in ("sample", "token")}
+    curve = (tmp_path / "token.csv").read_text().splitlines()
+    assert curve[0].startswith("step,forget_loss") and len(curve) > 2
+    assert any(not torch.equal(trained["sample"][k], trained["token"][k]) for k in trained["sample"])
+
+
 def test_shards_of_another_model_are_refused(attribution_dir, micro_tokenizer, micro_world_dir, tmp_path):
     from pipeline.common.modeling import build_model, save_model
 
@@ -71,9 +99,144 @@ def test_shards_of_another_model_are_refused(attribution_dir, micro_tokenizer, m
     assert not (tmp_path / "x").exists()
 
 
+def test_undial_refuses_shards_without_the_teacher_naming_the_directory_and_the_param(attribution_dir,
+                                                                                       micro_model_dir,
+                                                                                       micro_world_dir, tmp_path):
+    shards = attribution_dir[0] / "shards"
+    with pytest.raises(ParamError, match=rf"^{shards}: method undial distils from θ_o's next-token distribution .*"
+                                         r"set attribution.teacher_top_k \(e.g. attribution.teacher_top_k: 32\) "
+                                         r"and rerun `attribute`$"):
+        _run(tmp_path, micro_model_dir, shards, micro_world_dir, "undial", method="undial")
+    assert not (tmp_path / "undial").exists()
+
+
 def test_unknown_method_is_an_error():
-    with pytest.raises(ParamError, match=r"u.method='dpo': must be one of \['ga', "):
+    with pytest.raises(ParamError, match=r"u.method='dpo': must be one of \['altpo', 'ceu', 'ga', "):
         UnlearnConfig.from_params({"method": "dpo"}, "u")
+
+
+def test_every_method_module_declares_what_the_loop_needs():
+    from dataclasses import fields, is_dataclass
+
+    from pipeline.common.params import check_rules
+    from pipeline.training.methods import MODULES, ForwardOut, Method
+    from pipeline.training.unlearn import RETAIN_LOSSES
+
+    assert sorted(METHODS) == ["altpo", "ceu", "ga", "graddiff", "idkdpo", "idknll", "npo", "rmu", "satimp",
+                               "simnpo", "undial", "wga"]
+    config_keys = {f.name for f in fields(UnlearnConfig)}
+    g = torch.Generator().manual_seed(0)
+    batch = {"weights": torch.rand(2, 5, generator=g), "scored": torch.ones(2, 5),
+             "ref_logp": -torch.rand(2, 5, generator=g), "control": torch.rand(4, generator=g),
+             "alternative": {"scored": torch.ones(2, 3), "ref_logp": -torch.rand(2, generator=g)}}
+    out = ForwardOut(-torch.rand(2, 5, generator=g), torch.rand(2, 5, 4, generator=g), torch.rand(2, 5, generator=g),
+                     -torch.rand(2, 3, generator=g))
+    for module in MODULES:
+        method = module.METHOD
+        assert isinstance(method, Method) and METHODS[method.name] is method
+        assert module.__name__.endswith(f".{method.name}")  # method NAME lives in methods/NAME.py
+        # it reads something of the forward pass: of the forget answer, or of its alternative answer
+        assert method.reads_forget_answer or method.alternative, method.name
+        assert method.token_weights or method.token_loss is None, method.name  # no ω: no token losses to pool
+        assert is_dataclass(method.params) and method.params.__dataclass_params__.frozen, method.name
+        check_rules(method.params(), method.rules, method.name)  # every knob has a default its rule accepts
+        assert set(method.rules) <= set(method.hyperparameters), method.name
+        assert not set(method.hyperparameters) & config_keys, method.name  # a key means one thing
+        assert method.own_retain is None or method.own_retain[0] in RETAIN_LOSSES
+        if method.token_loss is not None:
+            assert method.token_loss(out, batch, method.params()).shape == (2, 5), method.name  # ℓ per token
+        if method.sequence_loss is not None:
+            assert method.sequence_loss(out, batch, method.params()).dim() == 0, method.name  # one scalar
+    # what the three later methods read: SimNPO log p and ω (no θ_o, no token-level form), SatImp log p,
+    # CE-U the whole next-token distribution, without each answer's first token
+    simnpo, satimp, ceu = METHODS["simnpo"], METHODS["satimp"], METHODS["ceu"]
+    assert simnpo.needs_logp and simnpo.weighs_itself and simnpo.hyperparameters == ("beta", "delta")
+    assert (simnpo.params().beta, simnpo.params().delta) == (4.5, 0.0)  # open-unlearning's
+    assert satimp.needs_logp and not satimp.weighs_itself and (satimp.params().beta1, satimp.params().beta2) == (5, 1)
+    assert not ceu.needs_logp and ceu.from_logits is not None and ceu.skip_first == 1 and not ceu.hyperparameters
+    assert all(m.own_retain is None for m in (simnpo, satimp, ceu))  # the run's retain term, as NPO's and WGA's
+    assert all(m.skip_first == 0 and m.from_logits is None for name, m in METHODS.items()
+               if name not in ("ceu", "undial"))
+    # UNDIAL: the whole next-token distribution against θ_o's top k, stage one's (the teacher), β = 10
+    undial = METHODS["undial"]
+    assert undial.teacher and undial.from_logits is not None and not undial.needs_logp and undial.skip_first == 0
+    assert undial.hyperparameters == ("beta",) and undial.params().beta == 10.0 and undial.own_retain is None
+    assert [name for name, m in METHODS.items() if m.teacher] == ["undial"]
+    for weighting in ("uniform", "hard", "soft"):
+        assert UnlearnConfig.from_params({"method": "simnpo", "weighting": weighting}, "u").sequence_level
+        assert not UnlearnConfig.from_params({"method": "ceu", "weighting": weighting}, "u").sequence_level
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"method": "npo", "beta": 0}, r"^u.beta=0: must be positive$"),
+    ({"method": "ga", "beta": -1.0}, r"^u.beta=-1.0: must be positive$"),  # another method's key is checked too
+    ({"method": "wga", "gamma": "big"}, r"^u.gamma='big': expected float$"),
+    ({"method": "rmu", "rmu_steer": -6.5}, r"^u.rmu_steer=-6.5: must be positive$"),
+    ({"method": "rmu", "rmu_update_layers": [0, -1]},
+     r"^u.rmu_update_layers=\[0, -1\]: must be a list of decoder layer indices \(integers ≥ 0\)$"),
+    ({"method": "npo", "bta": 0.1}, r"^u.bta: unknown parameter \(known: \['alpha', 'beta', "),
+    ({"method": "npo", "reduction": "tokens"}, r"^u.reduction='tokens': must be one of \['sample', 'token'\]$"),
+    ({"method": "npo", "reduction": "token"}, r"^u.reduction='token': npo with uniform weights is its sequence-level "
+                                              r"loss, one value per sample, with no token losses to pool"),
+    ({"method": "simnpo", "weighting": "soft", "reduction": "token"},
+     r"^u.reduction='token': simnpo is a loss of whole sequences under every weighting \(ω enters each sample's "
+     r"weighted mean\), one value per sample, with no token losses to pool; use reduction: sample$"),
+    ({"method": "simnpo", "beta": 0}, r"^u.beta=0: must be positive$"),
+    ({"method": "simnpo", "delta": -1.0}, r"^u.delta=-1.0: must be at least 0$"),
+    ({"method": "satimp", "beta1": -1.0}, r"^u.beta1=-1.0: must be at least 0$"),
+    ({"method": "idkdpo", "beta": 0}, r"^u.beta=0: must be positive$"),
+    ({"method": "altpo", "weighting": "hard", "reduction": "token"},
+     r"^u.reduction='token': altpo is a loss of whole sequences under every weighting"),
+    ({"method": "idknll", "weighting": "hard"},
+     r"^u.weighting='hard': idknll trains on each sample's idk answer alone, and token weights are defined on the "
+     r"forget answer's tokens \(stage one scores those\); use weighting: uniform$"),
+    ({"method": "idknll", "weighting": "soft", "tau": 0.5}, r"^u.weighting='soft': idknll trains on each sample's"),
+    ({"method": "idknll", "reduction": "token"},
+     r"^u.reduction='token': idknll is a loss of whole sequences \(each sample's mean NLL of its idk answer\), one "
+     r"value per sample, with no token losses to pool; use reduction: sample$"),
+])
+def test_a_bad_method_key_is_an_error_naming_it(values, message):
+    with pytest.raises(ParamError, match=message):
+        UnlearnConfig.from_params(values, "u")
+
+
+def test_a_methods_keys_are_read_from_its_section_and_named_where_set():
+    params = {"unlearn": {"train": TRAIN, "defaults": {"reduction": "token"},
+                          "methods": {"npo": {"beta": 0.2}, "rmu": {"rmu_steer": 0.0}},
+                          "runs": {"t_npo": {"method": "npo", "weighting": "hard"},
+                                   "npo": {"method": "npo", "weighting": "uniform"},
+                                   "t_rmu": {"method": "rmu", "weighting": "hard"}}}}
+    cfg, _ = run_configs(params, "t_npo")
+    assert (cfg.reduction, cfg.method_params.beta) == ("token", 0.2)
+    with pytest.raises(ParamError, match=r"^unlearn.defaults.reduction='token': npo with uniform weights"):
+        run_configs(params, "npo")
+    with pytest.raises(ParamError, match=r"^unlearn.methods.rmu.rmu_steer=0.0: must be positive$"):
+        run_configs(params, "t_rmu")
+
+
+def test_the_preference_methods_start_at_their_value_for_theta_o(alternatives_dir, micro_model_dir,
+                                                                 micro_world_dir, tmp_path):
+    # At the first step θ = θ_o: θ's log-likelihoods of both answers equal stage one's, so Δ_w = Δ_l = 0 and DPO
+    # is (2/β)·ln 2 whatever the weighting (the scores cached in stage one belong to the answers trained on).
+    shards = alternatives_dir[0] / "shards"
+    for method, weighting in (("idkdpo", "uniform"), ("altpo", "soft"), ("idkdpo", "hard")):
+        tag = f"{method}-{weighting}"
+        _run(tmp_path, micro_model_dir, shards, micro_world_dir, tag, method=method, weighting=weighting,
+             retain_loss="none", beta=0.5)
+        first = float((tmp_path / f"{tag}.csv").read_text().splitlines()[1].split(",")[1])
+        assert first == pytest.approx(4 * math.log(2), rel=1e-4), tag
+
+
+def test_a_method_that_reads_alternatives_refuses_shards_without_them(attribution_dir, micro_model_dir,
+                                                                       micro_world_dir, tmp_path):
+    shards = attribution_dir[0] / "shards"  # stage one without attribution.alternatives
+    for method, kind in (("idkdpo", "idk"), ("altpo", "perturbed"), ("idknll", "idk")):
+        with pytest.raises(ParamError, match=rf"^{shards}: method {method} trains on each forget sample's {kind} "
+                                             rf"answer, .* these shards hold no alternative answers: add {kind} to "
+                                             r"attribution.alternatives .* and rerun `attribute`$"):
+            _run(tmp_path, micro_model_dir, shards, micro_world_dir, method, method=method)
+    # the methods that read none read such shards as before
+    assert ForgetStream(shards, UnlearnConfig().weighting_spec).get([0])[0].alternative is None
 
 
 def test_killed_and_resumed_unlearning_ends_with_the_same_weights(attribution_dir, micro_model_dir,
@@ -136,7 +299,7 @@ def test_run_configs_merge_defaults_run_and_its_train_overrides():
                           "runs": {"t_npo": {"method": "npo", "weighting": "hard", "r": 0.4, "train": {"lr": 5e-4}},
                                    "bad": {"method": "ga", "train": {"lr": -1.0}}}}}
     cfg, train = run_configs(params, "t_npo")
-    assert (cfg.method, cfg.weighting, cfg.r, cfg.beta) == ("npo", "hard", 0.4, 0.1)
+    assert (cfg.method, cfg.weighting, cfg.r, cfg.method_params.beta) == ("npo", "hard", 0.4, 0.1)
     assert train.lr == 5e-4 and train.epochs == TRAIN["epochs"]  # the rest of unlearn.train stays
     with pytest.raises(ParamError, match="unlearn.runs.bad.train.lr"):
         run_configs(params, "bad")
@@ -154,8 +317,9 @@ def test_a_run_reads_defaults_then_its_methods_then_its_weightings_section_then_
                                    "s_npo": {"method": "npo", "weighting": "soft", "beta": 0.3},
                                    "t_gd": {"method": "graddiff", "weighting": "hard"}}}}
     configs = {name: run_configs(params, name)[0] for name in params["unlearn"]["runs"]}
-    assert (configs["t_npo"].r, configs["t_npo"].alpha, configs["t_npo"].beta) == (0.2, 0.6, 0.2)
-    assert (configs["npo"].r, configs["s_npo"].tau, configs["s_npo"].beta) == (0.3, 0.5, 0.3)  # its own keys win
+    assert (configs["t_npo"].r, configs["t_npo"].alpha, configs["t_npo"].method_params.beta) == (0.2, 0.6, 0.2)
+    # its own keys win
+    assert (configs["npo"].r, configs["s_npo"].tau, configs["s_npo"].method_params.beta) == (0.3, 0.5, 0.3)
     assert (configs["t_gd"].retain_loss, configs["t_gd"].retain_weight) == ("nll", 1.0)  # GradDiff's own term
     params["unlearn"]["weightings"]["soft"]["tau"] = 1.0
     moved = {name for name, cfg in configs.items() if run_configs(params, name)[0] != cfg}
@@ -241,7 +405,7 @@ def test_a_runs_record_depends_only_on_the_params_its_weights_use():
     from pipeline.training.unlearn import params_used
 
     def used(**kw):
-        return params_used(UnlearnConfig(**kw))
+        return params_used(UnlearnConfig.from_params(kw, "u"))
 
     assert used(method="npo", weighting="uniform", tau=0.5) == used(method="npo", weighting="uniform", tau=1.0)
     assert used(method="npo", weighting="hard", tau=0.5) == used(method="npo", weighting="hard", tau=1.0)
@@ -250,5 +414,9 @@ def test_a_runs_record_depends_only_on_the_params_its_weights_use():
     assert used(method="npo", weighting="hard", mix=0.5) != used(method="npo", weighting="hard")
     assert used(method="ga", gamma=1.0) == used(method="ga", gamma=2.0)
     assert used(method="wga", gamma=1.0) != used(method="wga", gamma=2.0)
+    assert used(method="wga") == used(method="wga", gamma=1.0)  # its default, written or not
+    assert used(method="rmu")["rmu_update_layers"] == [] and used(method="rmu")["rmu_layer"] == 2
+    assert used(method="ga", weighting="hard", reduction="sample") == used(method="ga", weighting="hard")
+    assert used(method="ga", weighting="hard", reduction="token") != used(method="ga", weighting="hard")
     assert used(method="ga", retain_weight=0.1) != used(method="ga", retain_weight=0.2)
     assert used(method="ga", retain_loss="none", retain_split="x") == used(method="ga", retain_loss="none")

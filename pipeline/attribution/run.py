@@ -19,12 +19,14 @@ import numpy as np
 import torch
 
 from pipeline import __version__
+from pipeline.attribution.alternatives import alternative_answers, encode_alternative, score_alternatives
 from pipeline.attribution.quality import attribution_quality
-from pipeline.attribution.shards import (MANIFEST, SIGNAL_COLUMNS, ShardInfo, ShardWriter, shard_schema,
-                                         write_manifest)
+from pipeline.attribution.shards import (ALTERNATIVES, MANIFEST, SIGNAL_COLUMNS, ShardInfo, ShardWriter,
+                                         shard_schema, write_manifest)
 from pipeline.attribution.signals import (AttributionInput, add_phi, build_qa_inputs, corpus_input, scatter,
                                           score_batch)
 from pipeline.attribution.tagging import DEFAULT_UPOS, CachedTagger, make_tagger, tag_cache_file, with_upos
+from pipeline.attribution.teacher import teacher_row
 from pipeline.attribution.variants import (CONTENT_UPOS, LearnedScorer, copied_tokens,
                                            gradient_x_input, per_noun_deltas, phrase_spans, span_ids)
 from pipeline.common.atomic import atomic_dir, write_json
@@ -62,6 +64,13 @@ class AttributionConfig:
     learned_split: str = "retain90"  # the learned scorer's training rows: QA a split of other authors; corpus:
                                      # the corpus's passages not of `split`'s authors (this value is not read)
     learned_max_samples: int = 500   # at most this many training rows (the first ones)
+    alternatives: list = field(default_factory=list)  # alternative answers to add with θ_o's log-likelihood of
+                                     # each, for IdkDPO, AltPO, IdkNLL (pipeline/attribution/alternatives.py): idk,
+                                     # perturbed (QA mode); empty: none, the shards as without them
+    alternatives_seed: int = 0       # which idk / perturbed answer each question gets (a fixed choice)
+    teacher_top_k: int = 0           # > 0: θ_o's top-k next-token log-probabilities and tail mass at each scored
+                                     # token, for UNDIAL (pipeline/attribution/teacher.py); 0: none, the shards as
+                                     # without them
 
     @classmethod
     def from_params(cls, params: dict, where: str = "attribution") -> "AttributionConfig":
@@ -75,10 +84,16 @@ class AttributionConfig:
                  "signals": Rule(lambda v: isinstance(v, list) and set(v) <= set(SIGNAL_COLUMNS)
                                  and len(set(v)) == len(v),
                                  f"a list of distinct signals from {sorted(SIGNAL_COLUMNS)}"),
-                 "learned_max_samples": at_least(1)}
+                 "learned_max_samples": at_least(1), "teacher_top_k": at_least(0),
+                 "alternatives": Rule(lambda v: isinstance(v, list) and set(v) <= set(ALTERNATIVES)
+                                      and len(set(v)) == len(v),
+                                      f"a list of distinct alternatives from {list(ALTERNATIVES)}")}
         check_rules(cfg, rules, where)
         if cfg.mode == "corpus" and not cfg.corpus:
             raise ParamError(f"{where}.corpus: corpus mode needs a file of passages (JSON Lines with `text`)")
+        if cfg.mode == "corpus" and cfg.alternatives:
+            raise ParamError(f"{where}.alternatives={cfg.alternatives!r}: alternative answers are answers to a "
+                             "question; corpus mode has passages and no questions (set it to [])")
         return cfg
 
 
@@ -126,10 +141,11 @@ def load_records(cfg: AttributionConfig, data: DataConfig) -> tuple[list[dict], 
 
 def iter_input_windows(cfg: AttributionConfig, data: DataConfig, records: list[dict], tokenizer, tagger,
                        mask_id: int, rank: int, world_size: int, window: int,
-                       skipped: list[int]) -> Iterator[list[AttributionInput]]:
+                       skipped: list[int], answers: list[dict] | None = None) -> Iterator[list[AttributionInput]]:
     """This process's share of the samples (every world_size-th), tagged and encoded `window` at a time, so
-    memory does not grow with the dataset. A sample longer than `data.max_length` is an error naming it, or,
-    with `data.skip_too_long`, left out and its index added to `skipped`."""
+    memory does not grow with the dataset. A sample longer than `data.max_length` (or one of its alternative
+    answers, `answers[i]`: kind -> text) is an error naming it, or, with `data.skip_too_long`, left out and its
+    index added to `skipped`."""
     mine = list(range(rank, len(records), world_size))
     facts = _qa_facts(data.source) if cfg.mode == "qa" else None
     template = get_template(data.template)
@@ -139,18 +155,25 @@ def iter_input_windows(cfg: AttributionConfig, data: DataConfig, records: list[d
         recs = [records[i] for i in ids]
         if cfg.mode == "qa":
             inputs = build_qa_inputs(recs, tokenizer, template, tagger, mask_id, facts, row_indices=ids)
+            for x in inputs if answers is not None else ():
+                x.alternatives = {kind: encode_alternative(tokenizer, template, records[x.sample_id]["question"],
+                                                           text) for kind, text in answers[x.sample_id].items()}
         else:
             spans = tagger.noun_spans([r["text"] for r in recs])
             inputs = [corpus_input(i, tokenizer, rec["text"], nouns, mask_id, rec.get("fact_spans"))
                       for i, rec, nouns in zip(ids, recs, spans)]
         kept = []
         for x in inputs:
-            if len(x.input_ids) <= data.max_length:
+            lengths = {"": len(x.input_ids), **{f" (its {k} answer)": len(a.input_ids)
+                                                  for k, a in x.alternatives.items()}}
+            too_long = [(name, n) for name, n in lengths.items() if n > data.max_length]
+            if not too_long:
                 kept.append(x)
             elif data.skip_too_long:
                 skipped.append(x.sample_id)
             else:
-                raise DataError(f"{where}: {what} {x.sample_id + 1}: {len(x.input_ids)} tokens exceed "
+                name, n = too_long[0]
+                raise DataError(f"{where}: {what} {x.sample_id + 1}{name}: {n} tokens exceed "
                                 f"data.max_length={data.max_length} (raise max_length, or set data.skip_too_long: "
                                 "true to skip and count such rows)")
         yield kept
@@ -270,6 +293,17 @@ def _row(x: AttributionInput, split: str, s, extra: dict) -> dict:
     }
 
 
+def recorded_config(cfg: AttributionConfig) -> dict:
+    """The config the metrics record: the alternatives' and the teacher's keys only where they are asked for, so a
+    pipeline without them records what it recorded before they existed."""
+    config = asdict(cfg)
+    if not cfg.alternatives:
+        del config["alternatives"], config["alternatives_seed"]
+    if not cfg.teacher_top_k:
+        del config["teacher_top_k"]
+    return config
+
+
 def run_attribution(cfg: AttributionConfig, data: DataConfig, out_dir: Path, metrics_file: Path | None) -> dict:
     """Stage one: write `out_dir` (shards and manifest, atomically) and the counts and quality to `metrics_file`."""
     import torch.distributed as dist
@@ -306,11 +340,19 @@ def run_attribution(cfg: AttributionConfig, data: DataConfig, out_dir: Path, met
     }
     if learned_info is not None:
         metadata["learned"] = learned_info
+    answers = None
+    if cfg.alternatives:  # named only where asked for: shards without them are written as they always were
+        metadata |= {"alternatives": sorted(cfg.alternatives), "alternatives_seed": cfg.alternatives_seed}
+        answers = alternative_answers(cfg.alternatives, records, data.source, cfg.split, cfg.alternatives_seed)
+    teacher_k = min(cfg.teacher_top_k, model.get_input_embeddings().num_embeddings)
+    if teacher_k:  # likewise: the k kept (at most the vocabulary), where asked for
+        metadata["teacher_top_k"] = teacher_k
     # Every process writes its shards into one temporary directory beside `out_dir`, which the main process
     # renames into place once the manifest is written, or removes if anything fails.
     with atomic_dir(out_dir) if is_main_process() else contextlib.nullcontext() as tmp:
         tmp = Path(broadcast_from_main(str(tmp) if tmp else None))
-        writer = ShardWriter(tmp, f"part-r{rank:03d}", cfg.rows_per_shard, metadata, shard_schema(cfg.signals))
+        writer = ShardWriter(tmp, f"part-r{rank:03d}", cfg.rows_per_shard, metadata,
+                             shard_schema(cfg.signals, cfg.alternatives, teacher=bool(teacher_k)))
         if scorer is not None and is_main_process():
             from safetensors.torch import save_file
             save_file(scorer.state_dict(), str(tmp / "learned_scorer.safetensors"))
@@ -319,15 +361,17 @@ def run_attribution(cfg: AttributionConfig, data: DataConfig, out_dir: Path, met
                        unit="sample", leave=True)
         window, skipped_seen = cfg.batch_size * 16, 0
         for inputs in iter_input_windows(cfg, data, records, tokenizer, tagger, mask_id, rank, world_size, window,
-                                         local["skipped"]):
+                                         local["skipped"], answers):
             inputs.sort(key=lambda x: len(x.input_ids))  # similar lengths together: less padding per batch
             for s in range(0, len(inputs), cfg.batch_size):
                 batch = inputs[s : s + cfg.batch_size]
                 signals = score_batch(model, batch, tokenizer.pad_token_id, cfg.chunk_size,
-                                      return_hidden=scorer is not None)
-                for x, sig, extra in zip(batch, signals, extra_signals(batch, signals)):
+                                      return_hidden=scorer is not None, teacher_top_k=teacher_k)
+                alternatives = score_alternatives(model, batch, tokenizer.pad_token_id, cfg.chunk_size, cfg.model)
+                for x, sig, extra, alt in zip(batch, signals, extra_signals(batch, signals), alternatives):
                     check_finite(sig, x, cfg.model, extra)
-                    writer.add(_row(x, cfg.split, add_phi(sig, cfg.alpha), extra))
+                    tea = teacher_row(sig.teacher, x.sample_id, cfg.model) if teacher_k else {}
+                    writer.add(_row(x, cfg.split, add_phi(sig, cfg.alpha), {**extra, **alt, **tea}))
             bar.update(len(inputs) + len(local["skipped"]) - skipped_seen)
             skipped_seen = len(local["skipped"])
             local["samples"] += len(inputs)
@@ -360,7 +404,7 @@ def run_attribution(cfg: AttributionConfig, data: DataConfig, out_dir: Path, met
         dist.barrier()  # every process is done with the temporary directory before it is renamed
     if is_main_process():
         if metrics_file is not None:
-            write_json(metrics_file, {**summary, "quality": quality, "config": asdict(cfg)})
+            write_json(metrics_file, {**summary, "quality": quality, "config": recorded_config(cfg)})
         log.info("wrote %s: %d samples in %d shards (%s last)", out_dir, summary["samples"], len(shards), MANIFEST)
     dist.barrier()
     return {**summary, "metadata": metadata}

@@ -17,6 +17,7 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.attribution.teacher import TEACHER_COLUMNS
 from pipeline.common.atomic import write_json
 from pipeline.common.errors import DataError
 
@@ -59,14 +60,32 @@ EXTRA_COLUMNS = {
     "grad_x_input": f32,                     # |embedding · gradient of the answer's log-likelihood|
     "learned": f32,                          # the learned scorer's probability that the token is a fact
 }
+# The alternative answers stage one can add (attribution.alternatives; pipeline/attribution/alternatives.py), for
+# the preference methods: per forget sample one answer of each kind, its tokens (the prompt and that answer, encoded
+# as the forget sample is) and θ_o's summed log-likelihood of its scored tokens.
+ALTERNATIVES = ("idk", "perturbed")
 
 
-def shard_schema(signals: list[str] = ()) -> pa.Schema:
-    """The paper's columns, then those the extra `signals` add."""
+def alternative_columns(kind: str) -> dict[str, pa.DataType]:
+    """The columns alternative KIND adds, with their types."""
+    return {f"{kind}_answer": pa.string(),             # the answer's text
+            f"{kind}_ids": pa.list_(pa.int32()),        # prompt + answer + end, as input_ids
+            f"{kind}_scored": pa.list_(pa.bool_()),     # the answer tokens (and EOS) scored, as `scored`
+            f"{kind}_logp": pa.float64()}               # θ_o's Σ log p over the scored tokens (one per sample)
+
+
+def shard_schema(signals: list[str] = (), alternatives: list[str] = (), teacher: bool = False) -> pa.Schema:
+    """The paper's columns, then those the extra `signals` add, then those of the `alternatives`, then θ_o's top-k
+    (`teacher`: attribution.teacher_top_k > 0; pipeline/attribution/teacher.py)."""
     schema = SCHEMA
     for signal in sorted(signals):
         for name in SIGNAL_COLUMNS[signal]:
             schema = schema.append(pa.field(name, EXTRA_COLUMNS[name]))
+    for kind in sorted(alternatives):
+        for name, dtype in alternative_columns(kind).items():
+            schema = schema.append(pa.field(name, dtype))
+    for name, dtype in (TEACHER_COLUMNS.items() if teacher else ()):
+        schema = schema.append(pa.field(name, dtype))
     return schema
 
 
@@ -222,8 +241,11 @@ def check_shards(shard_dir: str | Path, manifest: dict, columns: dict[str, pa.Da
 
 
 def column_types(names) -> dict[str, pa.DataType]:
-    """The types of attribution columns `names` (the paper's and the extra signals') as `attribute` writes them."""
-    return {name: SCHEMA.field(name).type if name in SCHEMA.names else EXTRA_COLUMNS[name] for name in names}
+    """The types of attribution columns `names` (the paper's, the extra signals', the alternatives', the teacher's) as
+    `attribute` writes them."""
+    known = {**EXTRA_COLUMNS, **{k: v for kind in ALTERNATIVES for k, v in alternative_columns(kind).items()},
+             **TEACHER_COLUMNS}
+    return {name: SCHEMA.field(name).type if name in SCHEMA.names else known[name] for name in names}
 
 
 def shard_files(shard_dir: str | Path, verify: bool = True) -> list[Path]:

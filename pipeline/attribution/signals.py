@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from pipeline.attribution.teacher import teacher_topk
 from pipeline.common.errors import ParamError
 from pipeline.common.modeling import decoder, lm_head_logits
 from pipeline.data.templates import IGNORE_INDEX, EncodedSample, PromptTemplate, encode_qa, encode_text
@@ -42,6 +43,7 @@ class AttributionInput:
     noun_tokens: list[list[int]] = field(default_factory=list)  # each masked noun's token positions
     prompt: Span | None = None  # QA: the question's characters (what the answer may copy); corpus: None
     region: Span | None = None  # the scored text's characters: QA the answer, corpus the whole passage
+    alternatives: dict = field(default_factory=dict)  # kind -> Alternative (attribution.alternatives; QA only)
 
     @property
     def masked_ids(self) -> list[int]:
@@ -127,6 +129,8 @@ class Signals:
     phi: np.ndarray = field(default=None)
     hidden_prev: np.ndarray | None = None  # [scored, hidden]: the last hidden state that predicts each scored
     hidden_at: np.ndarray | None = None    # token, and the one at it (return_hidden; the learned scorer's input)
+    teacher: tuple | None = None           # θ_o's top-k at each scored token (teacher_top_k): ids [scored, k],
+    #                                        log-probs [scored, k], log tail mass [scored] (attribution/teacher.py)
 
 
 def logp_and_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,10 +145,12 @@ def logp_and_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch
 
 @torch.no_grad()
 def score_batch(model, inputs: list[AttributionInput], pad_id: int, chunk_size: int = 1024,
-                return_hidden: bool = False) -> list[Signals]:
+                return_hidden: bool = False, teacher_top_k: int = 0) -> list[Signals]:
     """Both passes in one batch, without gradients; log-probabilities and entropy only at scored positions,
     `chunk_size` positions at a time, so memory stays bounded for large vocabularies. With `return_hidden`, the
-    original pass's last hidden states at (and before) each scored token too."""
+    original pass's last hidden states at (and before) each scored token too. With `teacher_top_k` > 0, θ_o's
+    top-k next-token distribution at each scored token from the same logits (`pipeline.attribution.teacher`)."""
+
     device = next(model.parameters()).device
     n = len(inputs)
     ids, attention = pad_ids([x.input_ids for x in inputs] + [x.masked_ids for x in inputs], pad_id)
@@ -156,16 +162,20 @@ def score_batch(model, inputs: list[AttributionInput], pad_id: int, chunk_size: 
     rows, cols = scored.nonzero(as_tuple=True)
     rows, cols = rows.to(device), cols.to(device)
     targets = ids[rows, cols]
-    lp_o, lp_m, ent = [], [], []
+    lp_o, lp_m, ent, tea = [], [], [], []
     for start in range(0, len(rows), chunk_size):
         r, c, t = rows[start : start + chunk_size], cols[start : start + chunk_size], targets[start : start + chunk_size]
-        logp, entropy = logp_and_entropy(lm_head_logits(model, hidden[r, c - 1]), t)
+        logits = lm_head_logits(model, hidden[r, c - 1])
+        logp, entropy = logp_and_entropy(logits, t)
+        if teacher_top_k:
+            tea.append(teacher_topk(logits, t, teacher_top_k))
         masked = lm_head_logits(model, hidden[r + n, c - 1])
         lp_o.append(logp)
         lp_m.append(masked.gather(-1, t[:, None])[:, 0] - torch.logsumexp(masked, -1))
         ent.append(entropy)
     lp_o_all, lp_m_all, ent_all = (torch.cat(v).double().cpu().numpy() if v else np.zeros(0) for v in (lp_o, lp_m, ent))
     out, pos = [], 0
+    teacher = [torch.cat(v).cpu().numpy() for v in zip(*tea)] if tea else None
     rows_cpu = rows.cpu().numpy()
     cols_cpu = cols.cpu().numpy()
     for b, x in enumerate(inputs):
@@ -174,6 +184,8 @@ def score_batch(model, inputs: list[AttributionInput], pad_id: int, chunk_size: 
         full = lambda v: scatter(len(x.input_ids), where, v[pos : pos + k])  # noqa: E731
         lo, lm, h = full(lp_o_all), full(lp_m_all), full(ent_all)
         signals = Signals(lo, lm, np.abs(lo - lm), h)
+        if teacher is not None:
+            signals.teacher = tuple(v[pos : pos + k] for v in teacher)
         if return_hidden:
             at = torch.as_tensor(where, device=device)
             signals.hidden_prev = hidden[b, at - 1].float().cpu().numpy()

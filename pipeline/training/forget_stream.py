@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from pipeline.attribution.shards import check_shards, column_types, read_manifest
+from pipeline.attribution.shards import alternative_columns, check_shards, column_types, read_manifest
+from pipeline.attribution.teacher import LOGP_TOLERANCE as TEACHER_TOLERANCE, TEACHER_COLUMNS
 from pipeline.attribution.variants import parse_score, require_columns, score_columns, variant_score
 from pipeline.attribution.weights import check_mix, token_weights
 from pipeline.common.atomic import atomic_file
@@ -40,6 +41,17 @@ class ForgetSample:
     weights: np.ndarray     # ω, full length, 0 where not scored
     ref_logp: np.ndarray    # log p_θo(s_i | s_<i) from the shards, 0 where not scored
     phi: np.ndarray         # φ, NaN where not scored
+    alternative: "AlternativeSample | None" = None  # the answer a preference method prefers (or IdkNLL trains on)
+    teacher: tuple | None = None  # θ_o's top-k at the scored tokens (UNDIAL): ids [n, k], log-probs [n, k], tail [n]
+
+
+@dataclass
+class AlternativeSample:
+    """One alternative answer of a forget sample (the stream's `alternative` kind), from the shards."""
+
+    input_ids: np.ndarray   # int64: the prompt, this answer and its end
+    scored: np.ndarray      # bool, its answer tokens (and EOS)
+    ref_logp: float         # θ_o's Σ log p over its scored tokens (stage one's)
 
 
 USES = {"uniform": (), "hard": ("r", "alpha", "score"), "soft": ("tau", "alpha", "score")}  # what each reads
@@ -95,10 +107,16 @@ def _list_column(table: pa.Table, name: str, dtype) -> tuple[np.ndarray, np.ndar
 class ForgetStream:
     """Forget samples by global row id (shard order), decoded shard by shard into a small LRU cache."""
 
-    def __init__(self, shard_dir: str | Path, weighting: Weighting, seed: int = 0, window_shards: int = 4):
+    def __init__(self, shard_dir: str | Path, weighting: Weighting, seed: int = 0, window_shards: int = 4,
+                 alternative: str | None = None, method: str = "", teacher: bool = False):
+        """`alternative`: also read each sample's alternative answer of this kind (`attribution.alternatives`),
+        for `method`, which trains on it. `teacher`: also read θ_o's top-k at each scored token
+        (`attribution.teacher_top_k`), which `method` distils from."""
         if window_shards < 1:
             raise ParamError(f"window_shards={window_shards}: must be at least 1")
         self.shard_dir, self.weighting, self.seed, self.window = Path(shard_dir), weighting, seed, window_shards
+        self.alternative = alternative
+        self.teacher_k: int | None = None  # the teacher's k, where it is read
         self.manifest = read_manifest(self.shard_dir)  # checks every shard's sha256 once
         shards = self.manifest["shards"]
         self.files = [self.shard_dir / s["name"] for s in shards]
@@ -113,6 +131,12 @@ class ForgetStream:
         self.check_shards(COLUMNS)  # readable, the manifest's row counts, the columns every weighting reads
         self.check_columns()        # the score's own: a missing one names the signal that computes it
         self.check_shards([c for c in self.weighting.columns if c not in COLUMNS])
+        if alternative is not None:
+            self.check_alternative(method)
+            self.check_shards(list(alternative_columns(alternative)))
+        if teacher:
+            self.check_teacher(method)
+            self.check_shards(list(TEACHER_COLUMNS))
 
     def __len__(self) -> int:
         return self.n_samples
@@ -136,6 +160,28 @@ class ForgetStream:
             require_columns(self.weighting.score, set(pq.ParquetFile(self.files[0]).schema_arrow.names),
                             self.shard_dir)
 
+    def check_alternative(self, method: str) -> None:
+        """Refuse shards that stage one wrote without the alternative answers `method` trains on, naming the
+        param that adds them."""
+        have = self.manifest["metadata"].get("alternatives", [])
+        if self.alternative not in have:
+            raise ParamError(
+                f"{self.shard_dir}: method {method or '?'} trains on each forget sample's {self.alternative} answer, "
+                f"with θ_o's log-likelihood of it from stage one, and these shards hold "
+                f"{'only ' + ', '.join(have) if have else 'no alternative answers'}: add {self.alternative} to "
+                f"attribution.alternatives (e.g. attribution.alternatives: [idk, perturbed]) and rerun `attribute`")
+
+    def check_teacher(self, method: str) -> None:
+        """Refuse shards that stage one wrote without θ_o's top-k (the teacher `method` distils from), naming the
+        param that adds it."""
+        k = self.manifest["metadata"].get("teacher_top_k")
+        if not (isinstance(k, int) and not isinstance(k, bool) and k > 0):
+            raise ParamError(
+                f"{self.shard_dir}: method {method or '?'} distils from θ_o's next-token distribution at each forget "
+                f"answer token, kept by stage one, and these shards hold none: set attribution.teacher_top_k (e.g. "
+                f"attribution.teacher_top_k: 32) and rerun `attribute`")
+        self.teacher_k = k
+
     def check_shards(self, columns: list[str]) -> None:
         """Every shard, before any is used: readable, the manifest's row count, and `columns` with their types (a
         hand-made or foreign shard would otherwise fail mid-training with a traceback, or train on garbage)."""
@@ -148,7 +194,9 @@ class ForgetStream:
     def _decode(self, shard: int) -> list[ForgetSample]:
         file = self.files[shard]
         extra = [c for c in self.weighting.columns if c not in COLUMNS]
-        table = pq.read_table(file, columns=COLUMNS + extra)
+        alt_columns = list(alternative_columns(self.alternative)) if self.alternative else []
+        teacher_columns = list(TEACHER_COLUMNS) if self.teacher_k else []
+        table = pq.read_table(file, columns=COLUMNS + extra + alt_columns + teacher_columns)
         if table.num_rows != self.starts[shard + 1] - self.starts[shard]:
             expected = self.starts[shard + 1] - self.starts[shard]
             raise DataError(f"{file}: {table.num_rows} rows, the manifest says {expected}")
@@ -161,6 +209,8 @@ class ForgetStream:
                    **{c: _list_column(table, c, np.float64)[0] for c in extra}}
         sample_ids = table.column("sample_id").to_pylist()
         self.check_values(file, sample_ids, ids, off, scored, columns, table)
+        alternatives = self._alternatives(file, table, sample_ids) if self.alternative else None
+        teachers = self._teachers(file, table, sample_ids, scored, off) if self.teacher_k else None
         out = []
         for row, sample_id in enumerate(sample_ids):
             s = slice(off[row], off[row + 1])
@@ -168,6 +218,10 @@ class ForgetStream:
                 raise DataError(f"{file}: sample {sample_id} has no scored token")
             out.append(self.weighting.sample(sample_id, ids[s], scored[s], {k: v[s] for k, v in columns.items()},
                                              logp[s]))
+            if alternatives is not None:
+                out[-1].alternative = alternatives[row]
+            if teachers is not None:
+                out[-1].teacher = teachers[row]
         self.decoded_shards += 1
         return out
 
@@ -204,6 +258,59 @@ class ForgetStream:
         if bad.size:
             raise DataError(f"{file}: column 'logp_orig' holds {columns['logp_orig'][bad[0]]:g}, a log-probability "
                             f"above 0 ({where(bad)}): rerun `attribute`")
+
+    def _alternatives(self, file: Path, table: pa.Table, sample_ids: list) -> list[AlternativeSample]:
+        """Each row's alternative answer, checked as the forget answers are: lists as long as the sample, token
+        ids in the vocabulary, a scored token, a finite log-likelihood not above 0."""
+        kind = self.alternative
+        ids, off = _list_column(table, f"{kind}_ids", np.int64)
+        scored, scored_off = _list_column(table, f"{kind}_scored", bool)
+        logp = table.column(f"{kind}_logp").to_numpy(zero_copy_only=False).astype(np.float64)
+        high = self.vocab_size if self.vocab_size is not None else np.iinfo(np.int64).max
+        out = []
+        for row, sample_id in enumerate(sample_ids):
+            s = slice(off[row], off[row + 1])
+            what = f"{file}: the {kind} answer of sample {sample_id}"
+            if not np.array_equal(np.diff(off[row:row + 2]), np.diff(scored_off[row:row + 2])):
+                raise DataError(f"{what}: {kind}_scored and {kind}_ids differ in length; rerun `attribute`")
+            if not scored[s].any():
+                raise DataError(f"{what} has no scored token; rerun `attribute`")
+            if ((ids[s] < 0) | (ids[s] >= high)).any():
+                raise DataError(f"{what} holds a token id outside the model's vocabulary: the shards were made "
+                                "with another tokenizer, or are corrupt; rerun `attribute`")
+            if not np.isfinite(logp[row]) or logp[row] > LOGP_TOLERANCE * scored[s].sum():
+                raise DataError(f"{what}: {kind}_logp is {logp[row]:g}, not a log-likelihood; rerun `attribute`")
+            out.append(AlternativeSample(ids[s], scored[s], float(logp[row])))
+        return out
+
+    def _teachers(self, file: Path, table: pa.Table, sample_ids: list, scored: np.ndarray,
+                  off: np.ndarray) -> list[tuple]:
+        """Each row's teacher (ids [n, k], log-probs [n, k], tail [n] over its n scored tokens), checked: k values
+        per scored token, ids in the vocabulary, finite log-probabilities not above 0."""
+        k = self.teacher_k
+        ids, ids_off = _list_column(table, "teacher_ids", np.int64)
+        logp, logp_off = _list_column(table, "teacher_logp", np.float64)
+        tail, tail_off = _list_column(table, "teacher_tail", np.float64)
+        high = self.vocab_size if self.vocab_size is not None else np.iinfo(np.int64).max
+        out = []
+        for row, sample_id in enumerate(sample_ids):
+            n = int(scored[off[row]:off[row + 1]].sum())
+            what = f"{file}: the teacher of sample {sample_id}"
+            sizes = tuple(int(o[row + 1] - o[row]) for o in (ids_off, logp_off, tail_off))
+            if sizes != (n * k, n * k, n):
+                raise DataError(f"{what}: {sizes[0]} ids, {sizes[1]} log-probabilities and {sizes[2]} tails for {n} "
+                                f"scored tokens with teacher_top_k {k}; rerun `attribute`")
+            i = ids[ids_off[row]:ids_off[row + 1]].reshape(n, k)
+            lp = logp[logp_off[row]:logp_off[row + 1]].reshape(n, k)
+            t = tail[tail_off[row]:tail_off[row + 1]]
+            if ((i < 0) | (i >= high)).any():
+                raise DataError(f"{what} holds a token id outside the model's vocabulary: the shards were made with "
+                                "another tokenizer, or are corrupt; rerun `attribute`")
+            if not (np.isfinite(lp).all() and np.isfinite(t).all()) or (lp > TEACHER_TOLERANCE).any() or \
+                    (t > TEACHER_TOLERANCE).any():
+                raise DataError(f"{what} holds a log-probability that is not finite or above 0; rerun `attribute`")
+            out.append((i, lp, t))
+        return out
 
     def _shard(self, shard: int) -> list[ForgetSample]:
         if shard in self._cache:
@@ -249,7 +356,42 @@ def forget_batch(samples: list[ForgetSample], pad_id: int) -> dict[str, torch.Te
         weights[b, :n] = torch.from_numpy(s.weights)
         ref[b, :n] = torch.from_numpy(s.ref_logp)
         scored[b, :n] = torch.from_numpy(s.scored)
-    return {"input_ids": ids, "attention_mask": attention, "weights": weights, "ref_logp": ref, "scored": scored}
+    batch = {"input_ids": ids, "attention_mask": attention, "weights": weights, "ref_logp": ref, "scored": scored}
+    if samples[0].alternative is not None:
+        batch["alternative"] = alternative_batch([s.alternative for s in samples], pad_id)
+    if samples[0].teacher is not None:
+        batch.update(teacher_batch(samples, width))
+    return batch
+
+
+def teacher_batch(samples: list[ForgetSample], width: int) -> dict[str, torch.Tensor]:
+    """θ_o's top-k at each scored token of a forget micro-batch, at the token's position (UNDIAL's teacher):
+    `teacher_ids` [B, T, k], `teacher_logp` [B, T, k], `teacher_tail` [B, T]; 0 where a token is not scored."""
+    k = samples[0].teacher[0].shape[1]
+    ids = torch.zeros((len(samples), width, k), dtype=torch.long)
+    logp = torch.zeros((len(samples), width, k))
+    tail = torch.zeros((len(samples), width))
+    for b, s in enumerate(samples):
+        at = torch.from_numpy(np.flatnonzero(s.scored))
+        ids[b, at] = torch.from_numpy(s.teacher[0])
+        logp[b, at] = torch.from_numpy(s.teacher[1]).float()
+        tail[b, at] = torch.from_numpy(s.teacher[2]).float()
+    return {"teacher_ids": ids, "teacher_logp": logp, "teacher_tail": tail}
+
+
+def alternative_batch(samples: list[AlternativeSample], pad_id: int) -> dict[str, torch.Tensor]:
+    """The alternative answers of a forget micro-batch, padded like it, with θ_o's log-likelihood of each [B]."""
+    width = max(len(s.input_ids) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(samples), width), dtype=torch.long)
+    scored = torch.zeros((len(samples), width))
+    for b, s in enumerate(samples):
+        n = len(s.input_ids)
+        ids[b, :n] = torch.from_numpy(s.input_ids)
+        attention[b, :n] = 1
+        scored[b, :n] = torch.from_numpy(s.scored)
+    return {"input_ids": ids, "attention_mask": attention, "scored": scored,
+            "ref_logp": torch.tensor([s.ref_logp for s in samples])}
 
 
 WEIGHTS_SCHEMA = pa.schema([

@@ -1,17 +1,17 @@
 """Every training loss as a pure function of a model's outputs, weights and masks: finetuning's NLL, the
-unlearning objectives and the retention terms.
+pooling of the unlearning token losses, and the retention terms. Each method's own token loss is in its module,
+`pipeline.training.methods`.
 
 Finetuning minimises the mean NLL of the labelled (answer and EOS) tokens.
 
-Forget losses are per-token `ℓ_i` (lower is more forgetting; the trainer minimises them), combined per sample
-by the weighted mean Σ ω_i ℓ_i / Σ ω_i and then averaged over the samples of the batch. With ω = 1 that is the
-usual token mean; hard weights give the mean over the selected tokens; soft weights a softmax-weighted average.
+Forget losses are per-token `ℓ_i` (lower is more forgetting; the trainer minimises them), pooled with the token
+weights ω by the run's `reduction`:
 
-    GA   ℓ_i = log p_θ(s_i)
-    WGA  ℓ_i = sg[p_θ(s_i)^γ] · log p_θ(s_i)                 (sg: no gradient through the factor)
-    NPO  ℓ_i = (2/β) · log(1 + (p_θ(s_i) / p_ref(s_i))^β)    (token level)
-         L   = −(2/β) · log σ(−β · (log π_θ(y) − log π_ref(y)))  (the original, sequence level)
-    RMU  ℓ_i = ‖h_L(s_<i; θ) − c·u‖²  (mean over the hidden dimensions, as RMU's MSE)
+    sample  the mean over samples of Σ_i ω_i ℓ_i / Σ_i ω_i (the default): each sample counts the same. With ω = 1
+            that is each sample's token mean; hard weights give the mean over its selected tokens; soft weights a
+            softmax-weighted average.
+    token   Σ_{b,i} ω_bi ℓ_bi / Σ_{b,i} ω_bi over the micro-batch (open-unlearning's): each token counts the same,
+            so a sample weighs by its tokens' total weight.
 
 Retention: KL(p_ref(·|s_<k) ‖ p_θ(·|s_<k)) summed over the answer tokens of each retain sample, NLL, and
 RMU's activation matching ‖h_θ − h_ref‖² (mean over hidden dimensions and over the positions).
@@ -59,29 +59,26 @@ def weighted_sample_mean(token_losses: torch.Tensor, weights: torch.Tensor) -> t
     return per_sample.mean()
 
 
-def ga_token_loss(logp: torch.Tensor) -> torch.Tensor:
-    return logp
+def weighted_token_mean(token_losses: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Σ ω_i ℓ_i / Σ ω_i over every token of the batch; 0 (with a zero gradient) if no token has weight.
+
+    token_losses, weights: [batch, tokens]; weights are 0 at positions that are not scored."""
+    total = weights.sum()
+    if not total > 0:
+        return token_losses.sum() * 0.0  # keeps the graph: a zero loss with a gradient of zero
+    return (token_losses * weights).sum() / total
 
 
-def wga_token_loss(logp: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
-    return logp.detach().exp().pow(gamma) * logp
+# `reduction`: how a method's token losses [batch, tokens] and the weights ω become the forget loss
+FORGET_REDUCTIONS = {"sample": weighted_sample_mean, "token": weighted_token_mean}
 
 
-def npo_token_loss(logp: torch.Tensor, ref_logp: torch.Tensor, beta: float = 0.1) -> torch.Tensor:
-    # log(1 + exp(β·(log p − log p_ref))) = softplus(β·(log p − log p_ref)), computed stably
-    return (2.0 / beta) * F.softplus(beta * (logp - ref_logp))
-
-
-def npo_sequence_loss(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
-                      beta: float = 0.1) -> torch.Tensor:
-    """The original NPO on summed log-probabilities: −(2/β)·log σ(−β·Σ(log p − log p_ref)), batch mean."""
-    margin = ((logp - ref_logp) * mask).sum(-1)
-    return ((2.0 / beta) * F.softplus(beta * margin)).mean()
-
-
-def rmu_token_loss(hidden: torch.Tensor, control: torch.Tensor) -> torch.Tensor:
-    """‖h_i − c·u‖² per token as a mean over hidden dimensions; `control` is c·u, broadcast over tokens."""
-    return (hidden - control).pow(2).mean(-1)
+def without_first_scored(batch: dict, n: int) -> dict:
+    """The forget batch with the first n scored tokens of each sample neither scored nor weighted (CE-U leaves
+    each answer's first token out). The other weights are kept as they are: the pooling divides by their sum."""
+    scored = batch["scored"] > 0
+    keep = scored & (scored.cumsum(-1) > n)
+    return {**batch, "scored": batch["scored"] * keep, "weights": batch["weights"] * keep}
 
 
 def activation_matching_loss(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

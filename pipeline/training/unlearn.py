@@ -1,17 +1,19 @@
 """Stage two: unlearning on the DeepSpeed engine, from the attribution shards and retain data.
 
 The forget set streams from the shards (`ForgetStream`), with token weights ω computed here from Δ and H, so
-r, τ, mix and α are this stage's params and changing them never reruns attribution. Each method is a forget loss in
-`METHODS`; a retention term from `RETAIN_LOSSES` (λ·KL(p_ref ‖ p_θ) on retain answers by default, NLL, or RMU's
-activation matching) is added to every method.
+r, τ, mix and α are this stage's params and changing them never reruns attribution. Each method is a module of
+`pipeline.training.methods` (its token loss, hyper-parameters and own retain term); this loop combines the method's
+token losses with ω (`reduction`: per sample, or over the batch's tokens), and adds a retention term from
+`RETAIN_LOSSES` (λ·KL(p_ref ‖ p_θ) on retain answers by default, NLL, or RMU's activation matching).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -24,8 +26,7 @@ from pipeline.attribution.weights import WEIGHTING
 from pipeline.common.atomic import atomic_dir, write_json
 from pipeline.common.distributed import init_distributed, is_main_process
 from pipeline.common.errors import ParamError
-from pipeline.common.modeling import (check_vocab, decoder, decoder_layers, lm_head_logits, load_model, load_tokenizer,
-                                      write_model)
+from pipeline.common.modeling import check_vocab, decoder, lm_head_logits, load_model, load_tokenizer, write_model
 from pipeline.common.params import (at_least, between, check_keys, check_rules, dataclass_from_params, one_of,
                                     origins_of, positive, section)
 from pipeline.common.runs import COMPLETE_RECORD, SEED_RECORD, seed_dir
@@ -36,17 +37,19 @@ from pipeline.training.engine import (Engine, TrainConfig, deepspeed_config, fin
                                       zero3_loading)
 from pipeline.training.finetune import write_history
 from pipeline.training.forget_stream import ForgetStream, Weighting, forget_batch, write_token_weights
-from pipeline.training.lora import is_adapter_param, is_peft, reference_view, write_trained
-from pipeline.training.losses import (by_chunks, forward_kl_from_logits, ga_token_loss, npo_sequence_loss,
-                                      npo_token_loss, rmu_token_loss, token_logp_from_logits, topk_kl_from_logits,
-                                      weighted_sample_mean, wga_token_loss)
+from pipeline.training.lora import is_peft, reference_view, write_trained
+from pipeline.training.losses import (FORGET_REDUCTIONS, by_chunks, forward_kl_from_logits, token_logp_from_logits,
+                                      topk_kl_from_logits, without_first_scored)
+from pipeline.training.methods import (HYPERPARAMETERS, METHODS, ForwardOut, Prepared, check_hyperparameters,
+                                       method_params)
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class UnlearnConfig:
-    method: str = "ga"                 # ga | wga | npo | rmu | graddiff
+    method: str = "ga"                 # a module of pipeline/training/methods: ga | wga | npo | rmu | graddiff |
+                                       # simnpo | satimp | ceu | idkdpo | altpo | idknll | undial
     weighting: str = "uniform"         # uniform (sequence level) | hard (T-) | soft (S-)
     r: float = 0.2                     # hard: the top-r fraction of φ
     tau: float = 0.5                   # soft: softmax(φ / τ)
@@ -60,12 +63,10 @@ class UnlearnConfig:
                                        # biographies, less those of the forget split's authors (WMDP-style runs)
     retain_loss: str = "kl"            # kl: λ·KL(p_ref ‖ p_θ) on retain answers | nll | activation (RMU's) | none
     retain_weight: float = 0.1         # λ
-    gamma: float = 1.0                 # WGA
-    beta: float = 0.1                  # NPO
-    rmu_layer: int = 2                 # RMU: the layer whose output is steered (hidden_states index)
-    rmu_steer: float = 6.5             # RMU: c
-    rmu_update_layers: list = field(default_factory=list)  # RMU: decoder layers updated; empty: the 3 below
-                                                           # rmu_layer (rmu_layer-3 .. rmu_layer-1)
+    reduction: str = "sample"          # how the token losses ℓ_i pool with ω: sample (Σ ω ℓ / Σ ω per sample, then
+                                       # the mean over samples) | token (Σ ω ℓ / Σ ω over the micro-batch's tokens)
+    rmu_layer: int = 2                 # the layer RMU steers and its `activation` retain term matches
+                                       # (hidden_states index)
     retain_batch_size: int = 0         # retain samples per micro-batch; 0: the forget micro-batch size
     retain_reference: str = "cache"    # θ_o for kl / activation: cache (`tokenunlearn reference`; no second model
                                        # in memory) | model (θ_o loaded beside the trained model, the exact KL)
@@ -73,31 +74,72 @@ class UnlearnConfig:
                                        # (no --reference; the stage's cache has reference.top_k)
     chunk_size: int = 1024             # positions per LM-head chunk (memory: chunk x vocab floats at a time)
     trust_remote_code: bool = False
+    hyperparameters: dict = field(default_factory=dict)  # the methods' keys the run sets (beta, gamma, rmu_steer,
+                                                         # ...), declared by their modules: `method_params`
 
     @classmethod
     def from_params(cls, values: dict, where: str, origins: dict[str, str] | None = None) -> "UnlearnConfig":
         method = METHODS.get(values.get("method", cls.method))
         if method is not None and method.own_retain:  # its own retain term, unless the values set one
             values = {"retain_loss": method.own_retain[0], "retain_weight": method.own_retain[1], **values}
-        cfg = dataclass_from_params(cls, values, where, origins)
+        own_keys = [f.name for f in fields(cls) if f.name != "hyperparameters"]
+        unknown = sorted(set(values) - set(own_keys) - set(HYPERPARAMETERS))
+        if unknown:
+            keys = ", ".join((origins or {}).get(k, f"{where}.{k}") for k in unknown)
+            raise ParamError(f"{keys}: unknown parameter{'s' if len(unknown) > 1 else ''} "
+                             f"(known: {sorted(own_keys + list(HYPERPARAMETERS))})")
+        hyper = {k: v for k, v in values.items() if k in HYPERPARAMETERS}
+        cfg = dataclass_from_params(cls, {**{k: v for k, v in values.items() if k not in hyper},
+                                          "hyperparameters": hyper}, where, origins)
         rules = {"method": one_of(sorted(METHODS)), "weighting": one_of(sorted(WEIGHTING)),
                  "r": between(0, 1, lo_open=True), "tau": positive(), "mix": between(0, 1), "alpha": between(0, 1),
-                 "retain_loss": one_of(sorted(RETAIN_LOSSES)), "retain_weight": at_least(0), "gamma": at_least(0),
-                 "beta": positive(), "rmu_layer": at_least(1), "retain_batch_size": at_least(0),
-                 "retain_reference": one_of(["cache", "model"]), "chunk_size": at_least(1),
-                 "reference_top_k": at_least(1)}
+                 "retain_loss": one_of(sorted(RETAIN_LOSSES)), "retain_weight": at_least(0),
+                 "reduction": one_of(sorted(FORGET_REDUCTIONS)), "rmu_layer": at_least(1),
+                 "retain_batch_size": at_least(0), "retain_reference": one_of(["cache", "model"]),
+                 "chunk_size": at_least(1), "reference_top_k": at_least(1)}
         check_rules(cfg, rules, where, origins)
+        check_hyperparameters(cfg.method, hyper, where, origins)
         parse_score(cfg.score, (origins or {}).get("score", f"{where}.score"))  # names what is wrong with it
         if cfg.weighting == "uniform" and "mix" in values:  # the key itself, even 0: it would mean nothing here
             key = (origins or {}).get("mix", f"{where}.mix")
             raise ParamError(f"{key}={values['mix']!r}: the uniform weighting spreads the push evenly already; mix "
                              f"is for the hard and soft weightings (unlearn.weightings.hard.mix / soft.mix)")
+        if not METHODS[cfg.method].token_weights and cfg.weighting != "uniform":
+            key = (origins or {}).get("weighting", f"{where}.weighting")
+            raise ParamError(f"{key}={cfg.weighting!r}: {cfg.method} trains on each sample's "
+                             f"{METHODS[cfg.method].alternative} answer alone, and token weights are defined on the "
+                             f"forget answer's tokens (stage one scores those); use weighting: uniform")
         own = METHODS[cfg.method].own_retain
         if own and cfg.retain_loss != own[0]:
             key = (origins or {}).get("retain_loss", f"{where}.retain_loss")
             raise ParamError(f"{key}={cfg.retain_loss!r}: method {cfg.method} has its own retain term, "
                              f"{own[0]} (for GA with another retain term, use method: ga)")
+        if cfg.reduction == "token" and cfg.sequence_level:
+            key = (origins or {}).get("reduction", f"{where}.reduction")
+            if not METHODS[cfg.method].token_weights:
+                raise ParamError(f"{key}='token': {cfg.method} is a loss of whole sequences (each sample's mean "
+                                 f"NLL of its {METHODS[cfg.method].alternative} answer), one value per sample, with "
+                                 f"no token losses to pool; use reduction: sample")
+            if METHODS[cfg.method].weighs_itself:
+                raise ParamError(f"{key}='token': {cfg.method} is a loss of whole sequences under every weighting "
+                                 f"(ω enters each sample's weighted mean), one value per sample, with no token "
+                                 f"losses to pool; use reduction: sample")
+            raise ParamError(f"{key}='token': {cfg.method} with uniform weights is its sequence-level loss, one value "
+                             f"per sample, with no token losses to pool; use reduction: sample, or hard or soft "
+                             f"weights (its token-level form)")
         return cfg
+
+    @property
+    def method_params(self):
+        """The method's hyper-parameters (its module's `Params`): the values the run sets, its defaults else."""
+        return method_params(self.method, self.hyperparameters)
+
+    @property
+    def sequence_level(self) -> bool:
+        """Whether the forget loss is the method's loss of whole sequences (NPO with uniform weights, SimNPO with
+        any)."""
+        method = METHODS[self.method]
+        return method.weighs_itself or (self.weighting == "uniform" and method.sequence_loss is not None)
 
     @property
     def weighting_spec(self) -> Weighting:
@@ -199,68 +241,28 @@ def _head(net) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda hidden: lm_head_logits(net, hidden)
 
 
-def next_token_logp(net, last_hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
-                    chunk_size: int) -> torch.Tensor:
-    """log p_θ(ids[b, i] | s_<i) at the positions marked (i ≥ 1), 0 elsewhere: [B, T]."""
+def next_token_values(fn: Callable, net, last_hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
+                      chunk_size: int, *at_token: torch.Tensor) -> torch.Tensor:
+    """fn(logits predicting token i, ids[b, i], *(x[b, i] for x in at_token)) at the positions marked (i ≥ 1), 0
+    elsewhere: [B, T]. `fn` maps [N, vocab] logits, [N] tokens (and the [N, ...] values of `at_token`, [B, T, ...]
+    each) to [N]; it runs on `chunk_size` positions at a time."""
     positions = positions.clone()
     positions[:, 0] = False  # the first token has no prefix
     rows, cols = positions.nonzero(as_tuple=True)
-    values = by_chunks(token_logp_from_logits, _head(net), last_hidden[rows, cols - 1], ids[rows, cols],
-                       chunk=chunk_size)
+    values = by_chunks(fn, _head(net), last_hidden[rows, cols - 1], ids[rows, cols],
+                       *(x[rows, cols] for x in at_token), chunk=chunk_size)
     return torch.zeros(ids.shape, dtype=values.dtype, device=values.device).index_put((rows, cols), values)
+
+
+def next_token_logp(net, last_hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
+                    chunk_size: int) -> torch.Tensor:
+    """log p_θ(ids[b, i] | s_<i) at the positions marked (i ≥ 1), 0 elsewhere: [B, T]."""
+    return next_token_values(token_logp_from_logits, net, last_hidden, ids, positions, chunk_size)
 
 
 def _predicting(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows, positions) p whose next token p + 1 is labelled: where the retain terms compare distributions."""
     return (batch["labels"][:, 1:] != -100).nonzero(as_tuple=True)
-
-
-# ---- forget losses: one function per method, chosen from a registry -------------------------------------
-
-@dataclass
-class ForwardOut:
-    logp: torch.Tensor | None     # [B, T] log p_θ(s_i | s_<i), 0 where not scored (methods that read it)
-    hidden: torch.Tensor | None   # [B, T, d] hidden states at the RMU layer
-
-
-def _ga(out: ForwardOut, batch: dict, cfg: UnlearnConfig) -> torch.Tensor:
-    return weighted_sample_mean(ga_token_loss(out.logp), batch["weights"])
-
-
-def _wga(out: ForwardOut, batch: dict, cfg: UnlearnConfig) -> torch.Tensor:
-    return weighted_sample_mean(wga_token_loss(out.logp, cfg.gamma), batch["weights"])
-
-
-def _npo(out: ForwardOut, batch: dict, cfg: UnlearnConfig) -> torch.Tensor:
-    if cfg.weighting == "uniform":  # the original, sequence-level NPO
-        return npo_sequence_loss(out.logp, batch["ref_logp"], batch["scored"], cfg.beta)
-    return weighted_sample_mean(npo_token_loss(out.logp, batch["ref_logp"], cfg.beta), batch["weights"])
-
-
-def _rmu(out: ForwardOut, batch: dict, cfg: UnlearnConfig) -> torch.Tensor:
-    # ℓ_i = ‖h_L(s_<i) − c·u‖²: the hidden state at position i−1 is the one that predicts token i.
-    losses = torch.zeros_like(batch["weights"])
-    losses[:, 1:] = rmu_token_loss(out.hidden[:, :-1].float(), batch["control"])
-    return weighted_sample_mean(losses, batch["weights"])
-
-
-@dataclass(frozen=True)
-class Method:
-    forget_loss: Callable[[ForwardOut, dict, UnlearnConfig], torch.Tensor]
-    needs_logp: bool = True                      # reads log p_θ of the scored tokens (the LM head runs there)
-    needs_hidden: bool = False                   # reads the hidden states at rmu_layer
-    own_retain: tuple[str, float] | None = None  # a method's own retain term and λ, as its authors define it
-    reads: tuple[str, ...] = ()                  # the UnlearnConfig fields its forget loss reads
-
-
-METHODS: dict[str, Method] = {
-    "ga": Method(_ga),
-    "wga": Method(_wga, reads=("gamma",)),
-    "npo": Method(_npo, reads=("beta",)),
-    "rmu": Method(_rmu, needs_logp=False, needs_hidden=True, reads=("rmu_layer", "rmu_steer", "rmu_update_layers")),
-    # GA on the forget set plus NLL on the retain set, equally weighted (open-unlearning's GradDiff: gamma = alpha = 1)
-    "graddiff": Method(_ga, own_retain=("nll", 1.0)),
-}
 
 
 # ---- retention terms on retain data, from a registry -------------------------------------------------------
@@ -377,41 +379,38 @@ class Watch:
 
 # ---- the run ------------------------------------------------------------------------------------------------
 
-def control_vector(hidden_size: int, steer: float, seed: int) -> torch.Tensor:
-    """c·u with u a fixed random unit vector drawn from the seed."""
-    g = torch.Generator().manual_seed(seed)
-    u = torch.rand(hidden_size, generator=g)
-    return steer * u / u.norm()
-
-
-def freeze_for_rmu(model, cfg: UnlearnConfig) -> list[torch.nn.Parameter]:
-    """Only the chosen decoder layers are trained (with LoRA, only their adapters); no gradient is computed for the
-    rest."""
-    layers = decoder_layers(model)
-    chosen = cfg.rmu_update_layers or list(range(max(0, cfg.rmu_layer - 3), cfg.rmu_layer))
-    if any(not 0 <= i < len(layers) for i in chosen) or cfg.rmu_layer > len(layers):
-        raise ParamError(f"unlearn rmu layers {chosen} / rmu_layer={cfg.rmu_layer}: the model has {len(layers)} layers")
-    for p in model.parameters():
-        p.requires_grad_(False)
-    adapters = is_peft(model)
-    params = [p for i in chosen for n, p in layers[i].named_parameters() if not adapters or is_adapter_param(n)]
-    for p in params:
-        p.requires_grad_(True)
-    return params
-
-
 def make_loss_fn(cfg: UnlearnConfig, reference) -> Callable:
     """The step's loss: the method's forget loss plus λ times the retain term. `reference`: θ_o for a retain term
     computed from the model itself (`retain_reference: model`), else None (the cache rides in the retain batch)."""
-    method, retain = METHODS[cfg.method], cfg.retain
+    method, params, retain = METHODS[cfg.method], cfg.method_params, cfg.retain
+    reduce = FORGET_REDUCTIONS[cfg.reduction]
+
+    def forget_loss(out: ForwardOut, f: dict) -> torch.Tensor:
+        if cfg.sequence_level:
+            return method.sequence_loss(out, f, params)
+        return reduce(method.token_loss(out, f, params), f["weights"])
 
     def loss_fn(model, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
         net, f = _net(model), batch["forget"]
-        out = _forward(net, f, output_hidden_states=method.needs_hidden)
-        logp = next_token_logp(net, out.last_hidden_state, f["input_ids"], f["scored"] > 0, cfg.chunk_size) \
-            if method.needs_logp else None
-        hidden = out.hidden_states[cfg.rmu_layer] if method.needs_hidden else None
-        forget = method.forget_loss(ForwardOut(logp, hidden), {**f, "control": batch.get("control")}, cfg)
+        if method.skip_first:  # CE-U leaves each answer's first token out: no loss, no weight
+            f = without_first_scored(f, method.skip_first)
+        logp = hidden = from_logits = alternative_logp = None
+        if method.reads_forget_answer:
+            out = _forward(net, f, output_hidden_states=method.needs_hidden)
+            scored = f["scored"] > 0
+            logp = next_token_logp(net, out.last_hidden_state, f["input_ids"], scored, cfg.chunk_size) \
+                if method.needs_logp else None
+            hidden = out.hidden_states[cfg.rmu_layer] if method.needs_hidden else None
+            teacher = [f[k] for k in ("teacher_ids", "teacher_logp", "teacher_tail", "ref_logp")] \
+                if method.teacher else []  # θ_o at each token, stage one's (UNDIAL)
+            from_logits = next_token_values(functools.partial(method.from_logits, params=params), net,
+                                            out.last_hidden_state, f["input_ids"], scored, cfg.chunk_size,
+                                            *teacher) if method.from_logits else None
+        if method.alternative:  # the answer it prefers (or trains on), stage one's
+            alt = f["alternative"]
+            alternative_logp = next_token_logp(net, _forward(net, alt).last_hidden_state, alt["input_ids"],
+                                               alt["scored"] > 0, cfg.chunk_size)
+        forget = forget_loss(ForwardOut(logp, hidden, from_logits, alternative_logp), f)
         loss, metrics = forget, {"forget_loss": forget.item()}
         if retain is not None:
             retain_value = retain.loss(net, reference, batch["retain"], cfg)
@@ -451,7 +450,11 @@ def params_used(cfg: UnlearnConfig) -> dict:
     forget loss's, and the retain term's. A change of any other param leaves the run's output byte-identical, so
     DVC does not re-evaluate it."""
     used = {"method": cfg.method, **cfg.weighting_spec.used(), "trust_remote_code": cfg.trust_remote_code}
-    used.update({k: getattr(cfg, k) for k in METHODS[cfg.method].reads})
+    used.update(asdict(cfg.method_params))  # all its loss can read
+    if METHODS[cfg.method].needs_hidden:
+        used["rmu_layer"] = cfg.rmu_layer
+    if cfg.reduction != "sample":  # named only where it is not the default: earlier records stay valid
+        used["reduction"] = cfg.reduction
     if cfg.retain is not None:
         used.update({k: getattr(cfg, k) for k in ("retain_loss", "retain_weight", "retain_split", "retain_corpus",
                                                    "retain_batch_size")})
@@ -588,7 +591,8 @@ def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataCon
     chooses."""
     rank, world_size = init_distributed()
     tokenizer = load_tokenizer(model_path, cfg.trust_remote_code)
-    forget = ForgetStream(shard_dir, cfg.weighting_spec, seed=train.seed)
+    forget = ForgetStream(shard_dir, cfg.weighting_spec, seed=train.seed, alternative=METHODS[cfg.method].alternative,
+                          method=cfg.method, teacher=METHODS[cfg.method].teacher)
     retain = load_retain(cfg, data, tokenizer, forget.manifest["metadata"].get("split", ""))
     schedule = StepSchedule(len(forget), train.micro_batch_size, train.grad_accum, world_size, train.seed,
                             order=forget.epoch_order)
@@ -603,9 +607,9 @@ def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataCon
     check_vocab(model, tokenizer, model_path, data.max_length)
     forget.check_source(model, model_path, tokenizer)
     model = prepare_model(model, train, f"unlearn.runs.{name}.train")  # checkpointing, LoRA adapters (train.lora)
-    params = freeze_for_rmu(model, cfg) if cfg.method == "rmu" else None
-    control = control_vector(model.config.hidden_size, cfg.rmu_steer, train.seed) if cfg.method == "rmu" else None
-    engine = Engine(model, train, total_steps, parameters=params)
+    method = METHODS[cfg.method]  # RMU trains a few layers and steers towards its control vector
+    prepared = method.prepare(model, cfg.method_params, cfg.rmu_layer, train.seed) if method.prepare else Prepared()
+    engine = Engine(model, train, total_steps, parameters=prepared.parameters)
     used = sorted({i for step in range(total_steps) for mb in retain_schedule.micro_batches(step, rank) for i in mb})
     reference, cache = retain_reference(cfg, retain, engine, forget, model_path, reference_dir, used,
                                         tokenizer.pad_token_id)
@@ -616,12 +620,10 @@ def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataCon
     def batches_for_step(step: int) -> list[dict]:
         out = []
         for f_idx, r_idx in zip(schedule.micro_batches(step, rank), retain_schedule.micro_batches(step, rank)):
-            batch = {"forget": forget_batch(forget.get(f_idx), tokenizer.pad_token_id),
+            batch = {"forget": {**forget_batch(forget.get(f_idx), tokenizer.pad_token_id), **prepared.forget_extras},
                      "retain": pad_batch([retain[i] for i in r_idx], tokenizer.pad_token_id)}
             if cache is not None:
                 batch["retain"]["ref"] = cache.batch(r_idx, layer)
-            if control is not None:
-                batch["control"] = control
             out.append(batch)
         return out
 

@@ -1,0 +1,98 @@
+"""What every method module declares (`Method`) and what the loop hands its forget loss (`ForwardOut`).
+
+A method is a token loss ℓ [batch, tokens], a pure function of the model's outputs and the forget batch; the loop
+combines it with the token weights ω (`reduction`), adds the retain term and steps. A method without a token-level
+form (SimNPO) is a loss of whole sequences that reads ω itself. Its hyper-parameters are a frozen dataclass with
+their defaults (`params`) and the rules a value must meet (`rules`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
+
+import torch
+
+from pipeline.common.params import Rule
+
+
+@dataclass
+class ForwardOut:
+    logp: torch.Tensor | None     # [B, T] log p_θ(s_i | s_<i), 0 where not scored (methods that read it)
+    hidden: torch.Tensor | None   # [B, T, d] hidden states at rmu_layer (methods that read them)
+    from_logits: torch.Tensor | None = None  # [B, T] the method's `from_logits` at each scored token, 0 elsewhere
+    alternative_logp: torch.Tensor | None = None  # [B, T'] log p_θ of the alternative answer's scored tokens
+    #                                              (batch["alternative"]), 0 elsewhere (methods with `alternative`)
+
+
+# A function of the whole next-token distribution at each scored position: (logits [N, vocab] that predict the N
+# tokens, the tokens [N], then, for a method with `teacher`, θ_o's top-k ids [N, k], log-probs [N, k], tail [N] and
+# log-prob of the token [N], and always the keyword `params`, the method's) -> [N]. The loop evaluates it
+# `chunk_size` positions at a time (losses.by_chunks), so no [batch, length, vocab] tensor is made.
+FromLogits = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class NoParams:
+    """The hyper-parameters of a method that has none."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a method sets up on the model before the first step."""
+
+    parameters: list | None = None  # the parameters trained; None: all of them
+    forget_extras: dict = field(default_factory=dict)  # added to every forget micro-batch (RMU's c·u)
+
+
+# ℓ [B, T] from the forward pass, the forget micro-batch and the method's params; 0 where not scored
+TokenLoss = Callable[[ForwardOut, dict, Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    token_loss: TokenLoss | None                     # None: no token-level form; its sequence_loss reads ω
+    #                                                (batch["weights"]) and is its loss under every weighting
+    params: type = NoParams                          # a frozen dataclass: the hyper-parameters and their defaults
+    rules: dict[str, Rule] = field(default_factory=dict)  # the checks of params' fields, e.g. {"beta": positive()}
+    sequence_loss: Callable[[ForwardOut, dict, Any], torch.Tensor] | None = None  # with uniform weights (with
+    #                                                every weighting if token_loss is None), this loss of whole
+    #                                                sequences instead (NPO's original); a scalar
+    needs_logp: bool = True                          # reads log p_θ of the scored tokens (the LM head runs there)
+    needs_hidden: bool = False                       # reads the hidden states at rmu_layer
+    from_logits: FromLogits | None = None            # reads this function of the full next-token distribution
+    #                                                (CE-U's), as out.from_logits
+    skip_first: int = 0                              # the first n scored tokens of each sample get no loss and no
+    #                                                weight (CE-U's `ignore_first_n_answer_tokens`)
+    alternative: str | None = None                   # trains on each forget sample's alternative answer of this
+    #                                                kind (stage one's attribution.alternatives: idk, perturbed):
+    #                                                the batch carries it with θ_o's Σ log p, the loop runs θ on it
+    #                                                (out.alternative_logp)
+    teacher: bool = False                            # its from_logits reads θ_o's top-k next-token distribution
+    #                                                at each scored token, kept by stage one (attribution.
+    #                                                teacher_top_k; UNDIAL): no reference model in stage two
+    token_weights: bool = True                       # whether ω means something for it; False (a loss on another
+    #                                                answer's tokens alone, IdkNLL): only uniform weights
+    own_retain: tuple[str, float] | None = None      # its own retain term and λ, as its authors define it
+    prepare: Callable[..., Prepared] | None = None   # (model, params, rmu_layer, seed) -> Prepared: RMU's frozen
+    #                                                layers and control vector
+
+    def __post_init__(self):
+        if self.token_loss is None and self.sequence_loss is None:
+            raise ValueError(f"method {self.name}: needs a token_loss or a sequence_loss")
+
+    @property
+    def weighs_itself(self) -> bool:
+        """Whether its sequence loss reads ω itself and is its loss under every weighting (no token-level form)."""
+        return self.token_loss is None
+
+    @property
+    def reads_forget_answer(self) -> bool:
+        """Whether its loss reads θ on the forget answer (all but IdkNLL): else that forward pass is skipped."""
+        return self.needs_logp or self.needs_hidden or self.from_logits is not None
+
+    @property
+    def hyperparameters(self) -> tuple[str, ...]:
+        """The keys of its params: all its loss can read, so all a run's record must name."""
+        return tuple(f.name for f in fields(self.params))

@@ -242,7 +242,7 @@ class ForgetStream:
             row = int(np.searchsorted(off, bad[0], side="right")) - 1
             return f"sample {sample_ids[row]}, position {bad[0] - off[row]}; {bad.size} such values"
 
-        high = self.vocab_size if self.vocab_size is not None else np.iinfo(np.int64).max
+        high = self.id_limit
         bad = np.flatnonzero((ids < 0) | (ids >= high))
         if bad.size:
             limit = f"the model's vocabulary (0..{high - 1})" if self.vocab_size is not None else "0 or more"
@@ -259,6 +259,17 @@ class ForgetStream:
             raise DataError(f"{file}: column 'logp_orig' holds {columns['logp_orig'][bad[0]]:g}, a log-probability "
                             f"above 0 ({where(bad)}): rerun `attribute`")
 
+    @property
+    def id_limit(self) -> int:
+        """Token ids must be below this: the model's vocabulary size once `check_source` has seen it."""
+        return self.vocab_size if self.vocab_size is not None else np.iinfo(np.int64).max
+
+    def check_ids(self, what: str, ids: np.ndarray) -> None:
+        """The token ids of one alternative answer or teacher are in the model's vocabulary."""
+        if ((ids < 0) | (ids >= self.id_limit)).any():
+            raise DataError(f"{what} holds a token id outside the model's vocabulary: the shards were made with "
+                            "another tokenizer, or are corrupt; rerun `attribute`")
+
     def _alternatives(self, file: Path, table: pa.Table, sample_ids: list) -> list[AlternativeSample]:
         """Each row's alternative answer, checked as the forget answers are: lists as long as the sample, token
         ids in the vocabulary, a scored token, a finite log-likelihood not above 0."""
@@ -266,7 +277,6 @@ class ForgetStream:
         ids, off = _list_column(table, f"{kind}_ids", np.int64)
         scored, scored_off = _list_column(table, f"{kind}_scored", bool)
         logp = table.column(f"{kind}_logp").to_numpy(zero_copy_only=False).astype(np.float64)
-        high = self.vocab_size if self.vocab_size is not None else np.iinfo(np.int64).max
         out = []
         for row, sample_id in enumerate(sample_ids):
             s = slice(off[row], off[row + 1])
@@ -275,9 +285,7 @@ class ForgetStream:
                 raise DataError(f"{what}: {kind}_scored and {kind}_ids differ in length; rerun `attribute`")
             if not scored[s].any():
                 raise DataError(f"{what} has no scored token; rerun `attribute`")
-            if ((ids[s] < 0) | (ids[s] >= high)).any():
-                raise DataError(f"{what} holds a token id outside the model's vocabulary: the shards were made "
-                                "with another tokenizer, or are corrupt; rerun `attribute`")
+            self.check_ids(what, ids[s])
             if not np.isfinite(logp[row]) or logp[row] > LOGP_TOLERANCE * scored[s].sum():
                 raise DataError(f"{what}: {kind}_logp is {logp[row]:g}, not a log-likelihood; rerun `attribute`")
             out.append(AlternativeSample(ids[s], scored[s], float(logp[row])))
@@ -291,7 +299,6 @@ class ForgetStream:
         ids, ids_off = _list_column(table, "teacher_ids", np.int64)
         logp, logp_off = _list_column(table, "teacher_logp", np.float64)
         tail, tail_off = _list_column(table, "teacher_tail", np.float64)
-        high = self.vocab_size if self.vocab_size is not None else np.iinfo(np.int64).max
         out = []
         for row, sample_id in enumerate(sample_ids):
             n = int(scored[off[row]:off[row + 1]].sum())
@@ -303,9 +310,7 @@ class ForgetStream:
             i = ids[ids_off[row]:ids_off[row + 1]].reshape(n, k)
             lp = logp[logp_off[row]:logp_off[row + 1]].reshape(n, k)
             t = tail[tail_off[row]:tail_off[row + 1]]
-            if ((i < 0) | (i >= high)).any():
-                raise DataError(f"{what} holds a token id outside the model's vocabulary: the shards were made with "
-                                "another tokenizer, or are corrupt; rerun `attribute`")
+            self.check_ids(what, i)
             if not (np.isfinite(lp).all() and np.isfinite(t).all()) or (lp > TEACHER_TOLERANCE).any() or \
                     (t > TEACHER_TOLERANCE).any():
                 raise DataError(f"{what} holds a log-probability that is not finite or above 0; rerun `attribute`")

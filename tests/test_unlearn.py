@@ -303,16 +303,19 @@ def test_rmu_with_its_activation_matching_retain_loss(attribution_dir, micro_mod
     assert (out / "model" / "model.safetensors").is_file()
 
 
-@pytest.mark.parametrize("zero_stage", [2, 3])
-def test_two_processes_match_one_process(attribution_dir, micro_model_dir, micro_world_dir, tmp_path, zero_stage):
+@pytest.mark.parametrize("method, zero_stage", [("npo", 2), ("npo", 3),
+                                               ("pdu", 3),      # λ and θ_o's retain loss the same on both
+                                               ("undial", 3),   # stage one's teacher in the forget batch
+                                               ("altpo", 3)])   # the alternative answer's forward pass
+def test_two_processes_match_one_process(micro_model_dir, micro_world_dir, tmp_path, method, zero_stage, request):
     # One process with two micro-batches per step against two processes with one each: the same forget and
     # retain samples per step (the KL term's reference model is partitioned too under ZeRO-3).
     import yaml
 
     from .conftest import read_curve, run_two_processes
 
-    shards = attribution_dir[0] / "shards"
-    run = {"method": "npo", "weighting": "soft", "rmu_layer": 2}
+    shards = shards_for(method, request)
+    run = {"method": method, "weighting": "soft", "rmu_layer": 2}
     train = {**TRAIN, "micro_batch_size": 1, "epochs": 3}
     cfg = UnlearnConfig.from_params(run, "u")
     run_unlearn("one", cfg, TrainConfig.from_params({**train, "grad_accum": 2}, "t"),

@@ -12,7 +12,7 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export HF_HOME ?= $(CURDIR)/.cache/huggingface
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test paper tune corpus tofu heldout seeds ladder code-deps clean-artifacts
+.PHONY: setup demo test paper tune corpus tofu heldout seeds methods ladder code-deps clean-artifacts
 
 setup: $(STAMP)
 
@@ -65,6 +65,12 @@ tofu: setup
 # floor per model seed; two stages at a time on Ray.
 seeds: setup
 	$(VENV)/bin/tokenunlearn sweep experiments/seeds/dvc.yaml '*' --workers 2 --first 'tune@*'
+
+# Every method (GA ... UNDIAL) and its hard and soft variant at equal utility, on model seed 0 of `make seeds`
+# (its models and evaluations reused, never retrained): 34 runs x 3 unlearning seeds, each lr bisected onto the
+# utility floor; about 2-4 hours of stage time, 1-2 hours two stages at a time (docs/reproducibility.md).
+methods: setup
+	$(VENV)/bin/tokenunlearn sweep experiments/methods/dvc.yaml '*' --workers 2 --first 'tune@*'
 
 # The scale ladder on real TOFU (3.67M, 29.4M, 158M parameters): for a GPU machine.
 ladder: setup

@@ -26,12 +26,15 @@ log = logging.getLogger(__name__)
 @params_options
 @click.option("--root", default="artifacts/seeds", show_default=True, type=click.Path(file_okay=False),
               help="The model seeds' directories, m{SEED}/ (experiments/seeds/dvc.yaml).")
+@click.option("--models-root", type=click.Path(file_okay=False), default=None,
+              help="Where m{SEED}/models and m{SEED}/eval of the target and retain model are, when the runs reuse "
+              "another experiment's models (experiments/methods: artifacts/seeds) [default: --root].")
 @click.option("--experiment", default="seeds", show_default=True,
               help="The params section naming the model seeds and runs (its `models` and `runs`): seeds or ladder.")
 @click.option("--out", default="artifacts/seeds/report", show_default=True, type=click.Path(file_okay=False),
               help="results.md, results.csv, comparisons.csv, comparisons.json, curves.csv, curve_comparisons.csv and "
               "tradeoff_{method}.png.")
-def command(params: dict, root, experiment, out) -> None:
+def command(params: dict, root, models_root, experiment, out) -> None:
     """The table of the runs over the model seeds × unlearn.seeds (params: seeds, or --experiment's section), and
     the variant − method comparisons."""
     keys = {"seeds": ("models", "runs", "bootstrap"), "ladder": ("rungs", "models", "runs")}
@@ -49,7 +52,8 @@ def command(params: dict, root, experiment, out) -> None:
               **{n: run_row(n, s, {}).label + (f" mix {s['mix']}" if s.get("mix") else "")  # T-NPO [learned]
                  for n, s in specs.items()}}
     model_seeds, unlearn_seeds = list(seeds["models"]), list(section(params, "unlearn.seeds"))
-    cells = load_cells(Path(root), model_seeds, seeds["runs"], unlearn_seeds)
+    models = Path(models_root or root)
+    cells = load_cells(Path(root), model_seeds, seeds["runs"], unlearn_seeds, models)
     pairs = variant_pairs(specs, seeds["runs"])
     results, level = comparisons(cells, pairs, boot["confidence"], boot["samples"], boot["seed"])
     table_md, table_csv = main_table(cells, labels)
@@ -60,7 +64,7 @@ def command(params: dict, root, experiment, out) -> None:
     with hold_outputs(out_dir):
         text = (f"## The main table over {len(model_seeds)} model seeds × {len(unlearn_seeds)} unlearning seeds\n\n"
                 "### Before unlearning: each model seed's target and retain model\n\n"
-                + models_table(Path(root), model_seeds) + "\n### The runs\n\n"
+                + models_table(models, model_seeds) + "\n### The runs\n\n"
                 "Each cell: mean over every (model seed, unlearning seed) ± standard deviation between model seeds "
                 "(of their means) / within them (over unlearning seeds).\n\n" + table_md
                 + f"\n### Token level against sequence level: {len(results)} comparisons\n\n"

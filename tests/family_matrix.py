@@ -28,6 +28,14 @@ RUNS = {
     "rmu": {"method": "rmu", "weighting": "uniform"},
     "t_rmu": {"method": "rmu", "weighting": "hard"},
     "s_rmu": {"method": "rmu", "weighting": "soft"},
+    "s_simnpo": {"method": "simnpo", "weighting": "soft"},
+    "t_satimp": {"method": "satimp", "weighting": "hard"},
+    "ceu": {"method": "ceu", "weighting": "uniform"},          # the whole next-token distribution
+    "t_idkdpo": {"method": "idkdpo", "weighting": "hard"},     # the alternative answers of stage one
+    "s_altpo": {"method": "altpo", "weighting": "soft"},
+    "idknll": {"method": "idknll", "weighting": "uniform"},
+    "s_undial": {"method": "undial", "weighting": "soft"},     # θ_o's top-k of stage one
+    "t_pdu": {"method": "pdu", "weighting": "hard"},           # a dual variable, θ_o's retain loss measured first
 }
 STAGES = ("load", "attribute", *(f"unlearn {r}" for r in RUNS), "evaluate")
 TRAIN = {"max_steps": 2, "lr": 1e-3, "micro_batch_size": 2, "warmup_ratio": 0.0, "seed": 0}
@@ -96,7 +104,8 @@ def run_family(name: str, world_dir: Path, work: Path, texts: list[str] | None =
 
     stage("load", load)
     stage("attribute", lambda: run_attribution(
-        AttributionConfig(model=str(model_dir), split="forget10", tagger="spacy", batch_size=4, rows_per_shard=4),
+        AttributionConfig(model=str(model_dir), split="forget10", tagger="spacy", batch_size=4, rows_per_shard=4,
+                          alternatives=["idk", "perturbed"], teacher_top_k=8),  # what every method reads
         data, shards, None), ("load",))
     for run, spec in RUNS.items():
         def unlearn(run=run, spec=spec):

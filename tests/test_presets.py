@@ -4,7 +4,7 @@ are configs/paper.yaml and the experiments' overlay files over it."""
 import pytest
 
 from pipeline.attribution.run import AttributionConfig
-from pipeline.common.params import load_params, section
+from pipeline.common.params import load_params, read_overlay, section
 from pipeline.data.config import DataConfig
 
 from .conftest import REPO
@@ -164,3 +164,38 @@ def test_the_diagnosis_overlay_builds_its_runs_and_the_seeds_recipe_memorises_by
         job = job_from_params(params, model)
         assert job.stop_loss == 0.02 and job.train.epochs == 60
     assert job_from_params(params, "base").stop_loss is None
+
+
+def test_the_methods_overlay_runs_every_method_three_ways_at_equal_utility():
+    """experiments/methods (configs/paper.yaml, overlays seeds and methods): every registered method sequence level
+    (M), hard (t_M) and soft (s_M) by the chosen training-free score, IdkNLL uniform only; every run configured, its
+    lr bisected; stage one keeps what the new methods read, UNDIAL's teacher over the whole vocabulary."""
+    from pipeline.evaluation.evaluate import eval_config
+    from pipeline.training.methods import METHODS
+    from pipeline.training.tuning import TuneConfig
+    from pipeline.training.unlearn import run_configs
+
+    params = load_params(CONFIGS / "paper.yaml", [CONFIGS / "seeds.yaml", CONFIGS / "methods.yaml"])
+    seeds = section(params, "seeds")
+    assert seeds["models"] == [0] and section(params, "unlearn.seeds") == [0, 1, 2]
+    expected = {m: ["uniform"] if not spec.token_weights else ["uniform", "hard", "soft"]
+                for m, spec in METHODS.items()}
+    found: dict[str, list[str]] = {}
+    for name in seeds["runs"]:
+        cfg, train = run_configs(params, name)
+        prefix = {"uniform": "", "hard": "t_", "soft": "s_"}[cfg.weighting]
+        assert name == prefix + cfg.method, f"configs/methods.yaml: run {name} is {cfg.method}, {cfg.weighting}"
+        assert cfg.weighting == "uniform" or cfg.score == "entropy+nocopy+span"
+        own = METHODS[cfg.method].own_retain  # GradDiff's NLL with λ = 1, PDU's NLL under its dual from 100
+        assert (cfg.retain_loss, cfg.retain_weight) == (own if own else ("kl", 0.1))
+        assert train.lr > 0
+        found.setdefault(cfg.method, []).append(cfg.weighting)
+    assert found == expected, "configs/methods.yaml: seeds.runs must run every registered method three ways"
+    attribution = AttributionConfig.from_params(section(params, "attribution"))
+    assert set(attribution.alternatives) == {"idk", "perturbed"} and {"copy", "span"} <= set(attribution.signals)
+    assert attribution.teacher_top_k >= section(params, "tokenizer.vocab_size")  # UNDIAL's loss exact
+    assert TuneConfig.from_params(section(params, "tune")).search == "bisect"
+    cfg = eval_config(params)
+    assert not cfg.paraphrase and not cfg.mia and not cfg.quantize
+    # experiments/methods/dvc.yaml tracks configs/seeds.yaml's unlearn.monitor alone: none of its runs is one of these
+    assert not set(read_overlay(CONFIGS / "seeds.yaml")["unlearn"]["runs"]) & set(seeds["runs"])

@@ -148,3 +148,14 @@ def test_the_robustness_table_needs_an_attack_not_plain_multiple_choice():
     assert robustness_keys(plain) == []
     attacked = [Row("t", "before unlearning", "", "", {"mc_world_forget": 1.0, "q4_forget_es": 0.9})]
     assert [k for k, _ in robustness_keys(attacked)] == ["q4_forget_es", "mc_world_forget"]
+
+
+def test_every_registered_method_is_labelled_as_its_authors_write_it():
+    from pipeline.evaluation.report import DISPLAY_NAMES, paper_name
+    from pipeline.training.methods import METHODS
+
+    assert set(METHODS) <= set(DISPLAY_NAMES), "add the new method's name to report.DISPLAY_NAMES"
+    assert [paper_name(m, "uniform") for m in ("simnpo", "satimp", "ceu", "idkdpo", "altpo", "idknll", "undial")] == \
+        ["SimNPO", "SatImp", "CE-U", "IdkDPO", "AltPO", "IdkNLL", "UNDIAL"]
+    assert (paper_name("graddiff", "hard"), paper_name("npo", "soft"), paper_name("ceu", "hard")) == \
+        ("T-GradDiff", "S-NPO", "T-CE-U")

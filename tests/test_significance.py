@@ -118,3 +118,33 @@ def test_the_models_table_says_where_each_target_stopped_and_whether_it_memorise
     assert "| 0 | stop_loss (35) | 0.0192 | 0.991 | 0.800 | yes | – (–) | – | – |" in text
     assert "| 1 | cap (60) | 0.0413 | 0.900 | 0.800 | **no** |" in text
     assert "| 2 | – (–) | – | – | – | – |" in text  # a model seed not trained yet
+
+
+def test_report_seeds_reads_the_models_of_another_experiment_and_names_every_method_as_its_authors(tmp_path,
+                                                                                                    capsys):
+    """experiments/methods: its runs under --root, the target and retain model (and their evaluations) the seeds
+    experiment's, under --models-root; labels as the methods' authors write them (SimNPO, not SIMNPO)."""
+    import shutil
+
+    def value(m, name):
+        es = {"target": 1.0, "retain": 0.15, "simnpo": 0.5, "t_simnpo": 0.4, "s_simnpo": 0.6, "idknll": 0.7}[name]
+        return {"forget_es": es, "retain_es": 0.9, "model_utility": 0.85, "log10_forget_quality": -1.0}
+    runs = ["simnpo", "t_simnpo", "s_simnpo", "idknll"]
+    write_tree(tmp_path / "seeds", [0], [], [0, 1, 2], value)
+    write_tree(tmp_path / "methods", [0], runs, [0, 1, 2], value)
+    for name in ("target", "retain"):  # only the seeds experiment has them
+        shutil.rmtree(tmp_path / "methods" / "m0" / "eval" / name)
+    from .conftest import REPO
+
+    args = ["report-seeds", "--params", str(REPO / "configs" / "paper.yaml"), "--overlay",
+            str(REPO / "configs" / "seeds.yaml"), "--overlay", str(REPO / "configs" / "methods.yaml"),
+            "-S", f"seeds.runs={runs}", "-S", "seeds.bootstrap={samples: 500}", "--root", str(tmp_path / "methods"),
+            "--out", str(tmp_path / "report")]
+    assert run(args) != 0
+    assert "methods/m0/eval/target/metrics.json: no evaluation of 'target'" in capsys.readouterr().err
+    assert run([*args, "--models-root", str(tmp_path / "seeds")]) == 0
+    text = (tmp_path / "report" / "results.md").read_text()
+    assert "| before unlearning | target | 0.900 ± 0.000 / 0.000 | 1.000 ± 0.000 / 0.000 |" in text
+    assert "| SimNPO | simnpo |" in text and "| IdkNLL | idknll |" in text
+    assert "| T-SimNPO [entropy+nocopy+span] − SimNPO |" in text  # the score that weighs it, as the seeds report's
+    assert "| S-SimNPO [entropy+nocopy+span] − SimNPO |" in text and "IdkNLL −" not in text  # no variant to compare

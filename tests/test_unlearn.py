@@ -122,7 +122,7 @@ def test_every_method_module_declares_what_the_loop_needs():
     from pipeline.training.methods import MODULES, ForwardOut, Method
     from pipeline.training.unlearn import RETAIN_LOSSES
 
-    assert sorted(METHODS) == ["altpo", "ceu", "ga", "graddiff", "idkdpo", "idknll", "npo", "rmu", "satimp",
+    assert sorted(METHODS) == ["altpo", "ceu", "ga", "graddiff", "idkdpo", "idknll", "npo", "pdu", "rmu", "satimp",
                                "simnpo", "undial", "wga"]
     config_keys = {f.name for f in fields(UnlearnConfig)}
     g = torch.Generator().manual_seed(0)
@@ -156,12 +156,17 @@ def test_every_method_module_declares_what_the_loop_needs():
     assert not ceu.needs_logp and ceu.from_logits is not None and ceu.skip_first == 1 and not ceu.hyperparameters
     assert all(m.own_retain is None for m in (simnpo, satimp, ceu))  # the run's retain term, as NPO's and WGA's
     assert all(m.skip_first == 0 and m.from_logits is None for name, m in METHODS.items()
-               if name not in ("ceu", "undial"))
+               if name not in ("ceu", "undial", "pdu"))
     # UNDIAL: the whole next-token distribution against θ_o's top k, stage one's (the teacher), β = 10
     undial = METHODS["undial"]
     assert undial.teacher and undial.from_logits is not None and not undial.needs_logp and undial.skip_first == 0
     assert undial.hyperparameters == ("beta",) and undial.params().beta == 10.0 and undial.own_retain is None
     assert [name for name, m in METHODS.items() if m.teacher] == ["undial"]
+    # PDU: the logit gap at every scored token, and the retain NLL weighted by a dual variable from λ₀ = 100
+    pdu = METHODS["pdu"]
+    assert pdu.from_logits is not None and not pdu.needs_logp and not pdu.teacher and pdu.own_retain == ("nll", 100.0)
+    assert [name for name, m in METHODS.items() if m.dual] == ["pdu"]
+    assert UnlearnConfig.from_params({"method": "pdu", "retain_weight": 0.0}, "u").retain is not None  # λ may rise
     for weighting in ("uniform", "hard", "soft"):
         assert UnlearnConfig.from_params({"method": "simnpo", "weighting": weighting}, "u").sequence_level
         assert not UnlearnConfig.from_params({"method": "ceu", "weighting": weighting}, "u").sequence_level
@@ -191,6 +196,10 @@ def test_every_method_module_declares_what_the_loop_needs():
      r"^u.weighting='hard': idknll trains on each sample's idk answer alone, and token weights are defined on the "
      r"forget answer's tokens \(stage one scores those\); use weighting: uniform$"),
     ({"method": "idknll", "weighting": "soft", "tau": 0.5}, r"^u.weighting='soft': idknll trains on each sample's"),
+    ({"method": "pdu", "epsilon_kind": "relativ"},
+     r"^u.epsilon_kind='relativ': must be one of \['absolute', 'relative'\]$"),
+    ({"method": "pdu", "dual_step": -1.0}, r"^u.dual_step=-1.0: must be at least 0$"),
+    ({"method": "pdu", "retain_loss": "kl"}, r"^u.retain_loss='kl': method pdu has its own retain term, nll"),
     ({"method": "idknll", "reduction": "token"},
      r"^u.reduction='token': idknll is a loss of whole sequences \(each sample's mean NLL of its idk answer\), one "
      r"value per sample, with no token losses to pool; use reduction: sample$"),
@@ -253,6 +262,37 @@ def test_killed_and_resumed_unlearning_ends_with_the_same_weights(attribution_di
         assert torch.equal(full[name], resumed[name]), name
 
 
+def test_pdu_moves_its_dual_variable_and_a_killed_run_resumes_it(attribution_dir, micro_model_dir, micro_world_dir,
+                                                                   tmp_path, monkeypatch):
+    shards = attribution_dir[0] / "shards"
+    with pytest.raises(ParamError, match=r"^u.epsilon=-0.5: must be at least 0$"):
+        _run(tmp_path, micro_model_dir, shards, micro_world_dir, "bad", method="pdu", epsilon=-0.5)
+    # ε = θ_o's retain loss (relative, + 0): as the forget loss moves θ, λ = 1 follows λ + 10·(L_r − ε) every step
+    run = {"method": "pdu", "weighting": "soft", "epsilon": 0.0, "retain_weight": 1.0, "dual_step": 10.0}
+    monkeypatch.setitem(TRAIN, "checkpoint_every", 1)
+    full = _run(tmp_path, micro_model_dir, shards, micro_world_dir, "full", **run)
+
+    def curve(tag):
+        rows = (tmp_path / f"{tag}.csv").read_text().splitlines()
+        header = rows[0].split(",")
+        return [{k: float(v) for k, v in zip(header, r.split(",")) if k in ("forget_loss", "retain_loss", "dual")}
+                for r in rows[1:]]
+
+    steps = curve("full")
+    assert len(steps) > 2 and len({s["dual"] for s in steps}) > 2
+    epsilon = steps[0]["retain_loss"] - (steps[0]["dual"] - 1.0) / 10.0  # from step 1's update
+    assert 0.5 * steps[0]["retain_loss"] < epsilon < 2 * steps[0]["retain_loss"]  # step 1 runs at θ_o
+    for before, step in zip(steps, steps[1:]):
+        assert step["dual"] == pytest.approx(max(0.0, before["dual"] + 10.0 * (step["retain_loss"] - epsilon)))
+    with killed_at_step(3):
+        _run(tmp_path, micro_model_dir, shards, micro_world_dir, "resumed", **run)
+    resumed = _run(tmp_path, micro_model_dir, shards, micro_world_dir, "resumed", resume=True, **run)
+    assert curve("resumed") == steps  # λ restored from the checkpoint's history, not restarted at 1
+    full_weights, resumed_weights = load_weights(full / "model"), load_weights(resumed / "model")
+    for name in full_weights:
+        assert torch.equal(full_weights[name], resumed_weights[name]), name
+
+
 def test_rmu_with_its_activation_matching_retain_loss(attribution_dir, micro_model_dir, micro_world_dir, tmp_path):
     out = _run(tmp_path, micro_model_dir, attribution_dir[0] / "shards", micro_world_dir, "rmu_act", method="rmu",
                weighting="hard", retain_loss="activation", retain_weight=10.0)
@@ -263,16 +303,19 @@ def test_rmu_with_its_activation_matching_retain_loss(attribution_dir, micro_mod
     assert (out / "model" / "model.safetensors").is_file()
 
 
-@pytest.mark.parametrize("zero_stage", [2, 3])
-def test_two_processes_match_one_process(attribution_dir, micro_model_dir, micro_world_dir, tmp_path, zero_stage):
+@pytest.mark.parametrize("method, zero_stage", [("npo", 2), ("npo", 3),
+                                               ("pdu", 3),      # λ and θ_o's retain loss the same on both
+                                               ("undial", 3),   # stage one's teacher in the forget batch
+                                               ("altpo", 3)])   # the alternative answer's forward pass
+def test_two_processes_match_one_process(micro_model_dir, micro_world_dir, tmp_path, method, zero_stage, request):
     # One process with two micro-batches per step against two processes with one each: the same forget and
     # retain samples per step (the KL term's reference model is partitioned too under ZeRO-3).
     import yaml
 
     from .conftest import read_curve, run_two_processes
 
-    shards = attribution_dir[0] / "shards"
-    run = {"method": "npo", "weighting": "soft", "rmu_layer": 2}
+    shards = shards_for(method, request)
+    run = {"method": method, "weighting": "soft", "rmu_layer": 2}
     train = {**TRAIN, "micro_batch_size": 1, "epochs": 3}
     cfg = UnlearnConfig.from_params(run, "u")
     run_unlearn("one", cfg, TrainConfig.from_params({**train, "grad_accum": 2}, "t"),

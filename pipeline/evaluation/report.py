@@ -56,8 +56,17 @@ class Row:
     score: str = "phi"  # the attribution variant its token weights come from (uniform runs: none, "phi")
 
 
+# Each method's name as its authors write it (the registry, pipeline.training.methods.METHODS, keys them by
+# module name; tests/test_report.py checks that every registered method is here). A method missing here is shown in
+# capitals.
+DISPLAY_NAMES = {"ga": "GA", "wga": "WGA", "npo": "NPO", "rmu": "RMU", "graddiff": "GradDiff", "simnpo": "SimNPO",
+                 "satimp": "SatImp", "ceu": "CE-U", "idkdpo": "IdkDPO", "altpo": "AltPO", "idknll": "IdkNLL",
+                 "undial": "UNDIAL", "pdu": "PDU"}
+
+
 def paper_name(method: str, weighting: str) -> str:
-    return f"{WEIGHTING_PREFIX.get(weighting, weighting + '-')}{'GradDiff' if method == 'graddiff' else method.upper()}"
+    """The paper's label of a run: its weighting's prefix and the method's name, e.g. T-SimNPO."""
+    return f"{WEIGHTING_PREFIX.get(weighting, weighting + '-')}{DISPLAY_NAMES.get(method, method.upper())}"
 
 
 def run_row(name: str, spec: dict, summary: dict) -> Row:

@@ -37,10 +37,11 @@ class Cells:
     values: dict
 
 
-def load_cells(root: Path, model_seeds: list[int], runs: list[str], unlearn_seeds: list[int]) -> dict[str, Cells]:
+def load_cells(root: Path, model_seeds: list[int], runs: list[str], unlearn_seeds: list[int],
+               models_root: Path | None = None) -> dict[str, Cells]:
     """Every run's per-seed evaluation, `root/m{M}/eval/RUN/seed{S}/metrics.json`, and the target's and retain
-    model's (`root/m{M}/eval/{target,retain}/metrics.json`, one value per model seed); an error names a missing
-    file."""
+    model's (`models_root/m{M}/eval/{target,retain}/metrics.json`, one value per model seed; `models_root`: `root`
+    unless the runs reuse another experiment's models); an error names a missing file."""
     keys = [k for k, _, _ in KEYS]
     cells = {}
     for name in ["target", "retain", *runs]:
@@ -49,7 +50,8 @@ def load_cells(root: Path, model_seeds: list[int], runs: list[str], unlearn_seed
         values = {k: np.full((len(model_seeds), len(seeds)), np.nan) for k in keys}
         for i, m in enumerate(model_seeds):
             for j, s in enumerate(seeds):
-                file = root / f"m{m}" / "eval" / name / (f"seed{s}" if per_run else "") / "metrics.json"
+                base = root if per_run else (models_root or root)
+                file = base / f"m{m}" / "eval" / name / (f"seed{s}" if per_run else "") / "metrics.json"
                 if not file.is_file():
                     raise DataError(f"{file}: no evaluation of '{name}' for model seed {m}"
                                     + (f", unlearning seed {s}" if per_run else "")

@@ -373,16 +373,19 @@ def train_loop(
     run_fingerprint: str,
     resume: bool,
     desc: str,
-    on_step: Callable[[int], dict | None] | None = None,
+    on_step: Callable[[int, dict], dict | None] | None = None,
     stop: Callable[[list[dict]], bool] | None = None,
+    on_resume: Callable[[list[dict]], None] | None = None,
 ) -> list[dict]:
     """Run `engine.total_steps` optimizer steps; return the per-step metric history.
 
     With `resume`, a checkpoint in `ckpt_dir` of the same run (same fingerprint of params and data) is loaded
-    and the run continues from its step; any other checkpoint there is discarded. `on_step(steps_done)`, after
-    each step (an evaluation during training, say): what it returns joins that step's history row, so a
-    checkpoint keeps it. `stop(history)`, after each step: True ends training there (a criterion met before the
-    cap); it reads only the history, which a checkpoint keeps, so a resumed run stops where an unbroken one does.
+    and the run continues from its step; any other checkpoint there is discarded. `on_step(steps_done, row)`,
+    after each step, with that step's history row (an evaluation during training, say, or a dual update): what it
+    returns joins the row, so a checkpoint keeps it, and `on_resume(history)` is handed the restored history
+    before the first step of a resumed run. `stop(history)`, after each step: True ends training there (a
+    criterion met before the cap); it reads only the history, which a checkpoint keeps, so a resumed run stops
+    where an unbroken one does.
     """
     import torch.distributed as dist
 
@@ -392,6 +395,8 @@ def train_loop(
         state = engine.load_checkpoint(ckpt_dir)
         start, history = state["step"], list(state["history"])
         log.info("resumed from %s at step %d of %d", ckpt_dir, start, engine.total_steps)
+        if on_resume is not None:
+            on_resume(history)
     else:
         clear_checkpoints(ckpt_dir)
         dist.barrier()
@@ -415,7 +420,7 @@ def train_loop(
         bar.set_postfix(loss=f"{metrics['loss']:.4f}")
         done = step + 1
         if on_step is not None:
-            history[-1].update(on_step(done) or {})
+            history[-1].update(on_step(done, history[-1]) or {})
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < engine.total_steps:
             engine.save_checkpoint(ckpt_dir, done, {"history": history})
             if is_main_process():

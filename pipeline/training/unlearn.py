@@ -33,8 +33,8 @@ from pipeline.common.runs import COMPLETE_RECORD, SEED_RECORD, seed_dir
 from pipeline.data.batching import StepSchedule, pad_batch
 from pipeline.data.config import DataConfig, retain_samples
 from pipeline.data.templates import EncodedSample
-from pipeline.training.engine import (Engine, TrainConfig, deepspeed_config, fingerprint, prepare_model, train_loop,
-                                      zero3_loading)
+from pipeline.training.engine import (Engine, TrainConfig, deepspeed_config, fingerprint, prepare_model, to_device,
+                                      train_loop, zero3_loading)
 from pipeline.training.finetune import write_history
 from pipeline.training.forget_stream import ForgetStream, Weighting, forget_batch, write_token_weights
 from pipeline.training.lora import is_peft, reference_view, write_trained
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class UnlearnConfig:
     method: str = "ga"                 # a module of pipeline/training/methods: ga | wga | npo | rmu | graddiff |
-                                       # simnpo | satimp | ceu | idkdpo | altpo | idknll | undial
+                                       # simnpo | satimp | ceu | idkdpo | altpo | idknll | undial | pdu
     weighting: str = "uniform"         # uniform (sequence level) | hard (T-) | soft (S-)
     r: float = 0.2                     # hard: the top-r fraction of φ
     tau: float = 0.5                   # soft: softmax(φ / τ)
@@ -62,7 +62,7 @@ class UnlearnConfig:
     retain_corpus: str = ""            # instead of retain_split: passages (JSON Lines, `text`), e.g. the world's
                                        # biographies, less those of the forget split's authors (WMDP-style runs)
     retain_loss: str = "kl"            # kl: λ·KL(p_ref ‖ p_θ) on retain answers | nll | activation (RMU's) | none
-    retain_weight: float = 0.1         # λ
+    retain_weight: float = 0.1         # λ (PDU: λ's value at the first step, then its dual variable)
     reduction: str = "sample"          # how the token losses ℓ_i pool with ω: sample (Σ ω ℓ / Σ ω per sample, then
                                        # the mean over samples) | token (Σ ω ℓ / Σ ω over the micro-batch's tokens)
     rmu_layer: int = 2                 # the layer RMU steers and its `activation` retain term matches
@@ -147,8 +147,9 @@ class UnlearnConfig:
 
     @property
     def retain(self) -> "RetainLoss | None":
-        """The retention term in use (`retain_loss`); None if off."""
-        return RETAIN_LOSSES[self.retain_loss] if self.retain_loss != "none" and self.retain_weight > 0 else None
+        """The retention term in use (`retain_loss`); None if off. A dual λ (PDU's) needs it even from λ = 0."""
+        on = self.retain_weight > 0 or METHODS[self.method].dual is not None
+        return RETAIN_LOSSES[self.retain_loss] if self.retain_loss != "none" and on else None
 
 
 RUN_KEYS = ("model", "seeds", "train", "defaults", "weightings", "methods", "runs", "monitor")  # `unlearn`'s keys
@@ -365,7 +366,7 @@ class Watch:
             self.selected = (step, {k: v.detach().cpu().clone() for k, v in state.items()} if state else None)
         return row
 
-    def on_step(self, step: int) -> dict | None:
+    def on_step(self, step: int, row: dict | None = None) -> dict | None:
         if step % self.monitor.every and step != self.total_steps:
             return None
         return {k: v for k, v in self._evaluate(step).items() if k != "step"}
@@ -379,9 +380,10 @@ class Watch:
 
 # ---- the run ------------------------------------------------------------------------------------------------
 
-def make_loss_fn(cfg: UnlearnConfig, reference) -> Callable:
+def make_loss_fn(cfg: UnlearnConfig, reference, retain_weight: Callable[[], float] | None = None) -> Callable:
     """The step's loss: the method's forget loss plus λ times the retain term. `reference`: θ_o for a retain term
-    computed from the model itself (`retain_reference: model`), else None (the cache rides in the retain batch)."""
+    computed from the model itself (`retain_reference: model`), else None (the cache rides in the retain batch).
+    `retain_weight`: λ at this step, where it changes during training (PDU's dual variable); else the run's."""
     method, params, retain = METHODS[cfg.method], cfg.method_params, cfg.retain
     reduce = FORGET_REDUCTIONS[cfg.reduction]
 
@@ -414,11 +416,30 @@ def make_loss_fn(cfg: UnlearnConfig, reference) -> Callable:
         loss, metrics = forget, {"forget_loss": forget.item()}
         if retain is not None:
             retain_value = retain.loss(net, reference, batch["retain"], cfg)
-            loss = loss + cfg.retain_weight * retain_value
+            loss = loss + (retain_weight() if retain_weight else cfg.retain_weight) * retain_value
             metrics["retain_loss"] = retain_value.item()
         return loss, metrics
 
     return loss_fn
+
+
+@torch.no_grad()
+def retain_nll_at_start(engine: Engine, retain: list[EncodedSample], indices: list[int], micro_batch_size: int,
+                        pad_id: int, chunk_size: int) -> float:
+    """The model's mean NLL per retain answer token over `indices` (before the first step: θ_o's), the same on
+    every process: each runs every index, in the same order."""
+    net, total, count = _net(engine.engine), 0.0, 0
+    training = net.training
+    net.eval()  # no dropout: the measure draws none of training's random numbers
+    for start in range(0, len(indices), micro_batch_size):
+        batch = to_device(pad_batch([retain[i] for i in indices[start:start + micro_batch_size]], pad_id),
+                          engine.device)
+        rows, cols = _predicting(batch)
+        logp = by_chunks(token_logp_from_logits, _head(net), _forward(net, batch).last_hidden_state[rows, cols],
+                         batch["input_ids"][rows, cols + 1], chunk=chunk_size)
+        total, count = total - logp.double().sum().item(), count + logp.numel()
+    net.train(training)
+    return total / max(count, 1)
 
 
 def prepare_reference(model_path: str, ds_config: dict, device, trust_remote_code: bool):
@@ -629,10 +650,23 @@ def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataCon
 
     run_id = seed_fingerprint(name, cfg, train, model_path, forget.manifest, reference_dir, selection)
     watch = Watch(monitor(tokenizer), engine, total_steps, train) if monitor is not None else None
+    dual = None
+    if method.dual is not None:  # PDU: λ is a dual variable, θ_o's retain loss measured on every retain sample used
+        every_rank = sorted({i for step in range(total_steps) for r in range(world_size)
+                             for mb in retain_schedule.micro_batches(step, r) for i in mb})
+        dual = method.dual(cfg.method_params, cfg.retain_weight, schedule.steps_per_epoch, functools.partial(
+            retain_nll_at_start, engine, retain, every_rank, cfg.retain_batch_size or train.micro_batch_size,
+            tokenizer.pad_token_id, cfg.chunk_size))
+    hooks = [h for h in (dual and dual.after_step, watch and watch.on_step) if h]
+
+    def on_step(done: int, row: dict) -> dict:
+        return {k: v for hook in hooks for k, v in (hook(done, row) or {}).items()}
+
     # A checkpoint is partitioned by process: it is resumed only by the same number of processes.
-    history = train_loop(engine, batches_for_step, make_loss_fn(cfg, reference), ckpt_dir,
-                         fingerprint({"run": run_id, "world_size": world_size}), resume, desc=f"unlearn {name}",
-                         on_step=watch.on_step if watch is not None else None)
+    history = train_loop(engine, batches_for_step, make_loss_fn(cfg, reference, dual and (lambda: dual.value)),
+                         ckpt_dir, fingerprint({"run": run_id, "world_size": world_size}), resume,
+                         desc=f"unlearn {name}", on_step=on_step if hooks else None,
+                         on_resume=dual.restore if dual is not None else None)
 
     def write(state_dict: dict | None) -> None:
         chosen = watch.selected if watch is not None else None

@@ -13,11 +13,11 @@ registry is read from imports, so DVC's code deps (`tokenunlearn code-deps`) see
 from __future__ import annotations
 
 from pipeline.common.params import check_rules, dataclass_from_params
-from pipeline.training.methods import (altpo, ceu, ga, graddiff, idkdpo, idknll, npo, rmu, satimp, simnpo, undial,
-                                       wga)
+from pipeline.training.methods import (altpo, ceu, ga, graddiff, idkdpo, idknll, npo, pdu, rmu, satimp, simnpo,
+                                       undial, wga)
 from pipeline.training.methods.base import ForwardOut, Method, NoParams, Prepared
 
-MODULES = (ga, wga, npo, rmu, graddiff, simnpo, satimp, ceu, idkdpo, altpo, idknll, undial)
+MODULES = (ga, wga, npo, rmu, graddiff, simnpo, satimp, ceu, idkdpo, altpo, idknll, undial, pdu)
 METHODS: dict[str, Method] = {module.METHOD.name: module.METHOD for module in MODULES}
 
 

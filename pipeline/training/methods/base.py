@@ -77,6 +77,11 @@ class Method:
     own_retain: tuple[str, float] | None = None      # its own retain term and λ, as its authors define it
     prepare: Callable[..., Prepared] | None = None   # (model, params, rmu_layer, seed) -> Prepared: RMU's frozen
     #                                                layers and control vector
+    dual: Callable[..., Any] | None = None           # (params, retain_weight, steps per epoch, θ_o's retain loss
+    #                                                as a function) -> the retain weight λ as a dual variable
+    #                                                (PDU's): its `value` weighs each step's retain term,
+    #                                                `after_step(done, history row)` updates it, `restore(history)`
+    #                                                sets it on resume
 
     def __post_init__(self):
         if self.token_loss is None and self.sequence_loss is None:

@@ -45,8 +45,12 @@ def synthetic_inputs(n: int, length: int, vocab: int, seed: int = 0) -> list[Att
 def time_it(fn, repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         start = time.perf_counter()
         fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         best = min(best, time.perf_counter() - start)
     return best
 
@@ -56,15 +60,18 @@ def bench_passes(args) -> dict:
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(random_llama_config(args.hidden, args.layers, args.vocab, 1024)).eval()
+    if torch.cuda.is_available():  # as stage one runs on a GPU: bf16 weights, fp32 log-probabilities
+        model = model.to("cuda", torch.bfloat16)
+    device = next(model.parameters()).device
     params = sum(p.numel() for p in model.parameters())
     batches = [synthetic_inputs(args.batch, args.seq, args.vocab, seed=b) for b in range(args.batches)]
-    tensors = [(torch.tensor([x.input_ids for x in b]), torch.ones(args.batch, args.seq, dtype=torch.long))
-               for b in batches]
+    tensors = [(torch.tensor([x.input_ids for x in b], device=device),
+                torch.ones(args.batch, args.seq, dtype=torch.long, device=device)) for b in batches]
 
     @torch.no_grad()
     def plain():
         for ids, mask in tensors:
-            model(input_ids=ids, attention_mask=mask).logits.sum()
+            model(input_ids=ids, attention_mask=mask).logits.float().sum()  # the fp32 logits a plain scorer reads
 
     def attribution():
         for b in batches:
@@ -72,7 +79,7 @@ def bench_passes(args) -> dict:
 
     plain(), attribution()  # warm up
     t_plain, t_attr = time_it(plain, args.repeats), time_it(attribution, args.repeats)
-    return {"model_parameters_M": round(params / 1e6, 1), "tokens_per_batch": args.batch * args.seq,
+    return {"model_parameters_M": round(params / 1e6, 1), "device": str(device), "tokens_per_batch": args.batch * args.seq,
             "batches": args.batches, "plain_forward_s": round(t_plain, 3), "attribution_s": round(t_attr, 3),
             "attribution_over_plain": round(t_attr / t_plain, 3)}
 

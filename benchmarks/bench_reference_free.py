@@ -22,6 +22,7 @@ steps after building its engine; the ratio is reference-free / comparison. Time:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -76,10 +77,25 @@ def comparison_loss(cfg, reference):
     return loss_fn
 
 
-def build(variant: str, args, work: Path):
-    """(engine, loss_fn, batches) of one variant; the model is random, seeded alike for both."""
+def random_model(config, train):
+    """The random Llama, seeded alike for both variants. On a GPU it is drawn there, in the engine's precision: an
+    8B model drawn in fp32 on the host takes minutes and 32 GB, and neither belongs to what is measured."""
     from transformers import LlamaForCausalLM
 
+    torch.manual_seed(0)
+    if not torch.cuda.is_available():
+        return LlamaForCausalLM(config)
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16 if train.use_bf16() else torch.float32)
+    try:
+        with torch.device("cuda"):
+            return LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(dtype)
+
+
+def build(variant: str, args, work: Path):
+    """(engine, loss_fn, batches) of one variant; the model is random, seeded alike for both."""
     from _models import random_llama_config
     from pipeline.attribution.reference import ReferenceCache
     from pipeline.data.templates import IGNORE_INDEX, EncodedSample
@@ -91,12 +107,11 @@ def build(variant: str, args, work: Path):
     config = random_llama_config(args.hidden, args.layers, args.vocab, args.seq)
     if args.llama3_8b:  # Llama-3-8B's own MLP width and grouped-query attention
         config.intermediate_size, config.num_key_value_heads, config.rope_theta = 14336, 8, 500000.0
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
     train = TrainConfig.from_params({"lr": 1e-5, "micro_batch_size": args.batch,
                                      "gradient_checkpointing": args.checkpointing,
                                      "lora": {"r": 16, "alpha": 32} if args.lora else {},
                                      **(OFFLOAD if args.offload else {})}, "bench")
+    model = random_model(config, train)
     cfg = UnlearnConfig(method="npo", weighting="uniform", retain_loss="kl", retain_weight=0.1)
     shards = work / f"shards-{variant}"
     if not shards.exists():
@@ -114,12 +129,7 @@ def build(variant: str, args, work: Path):
         cache = ReferenceCache.build(model, retain, list(range(len(retain))), 0, 32, [], args.batch)
         loss_fn = make_loss_fn(cfg, None)
     else:
-        reference = LlamaForCausalLM(config)
-        reference.load_state_dict(model.state_dict())
-        reference = reference.eval().requires_grad_(False)
-        if TrainConfig().use_bf16():
-            reference = reference.to(torch.bfloat16)
-        reference = reference.to("cuda" if torch.cuda.is_available() else "cpu")
+        reference = copy.deepcopy(model).eval().requires_grad_(False)  # same weights, device and precision
         cache, loss_fn = None, comparison_loss(cfg, reference)
     data = []
     for b in range(2):

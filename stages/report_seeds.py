@@ -50,6 +50,7 @@ def command(params: dict, root, models_root, experiment, out) -> None:
     specs = {n: {**defaults, **runs_params[n]} for n in seeds["runs"]}
     labels = {"target": "before unlearning", "retain": "retain model",
               **{n: run_row(n, s, {}).label + (f" mix {s['mix']}" if s.get("mix") else "")  # T-NPO [learned]
+                 + (" first" if s.get("focus") == "first" else "")
                  for n, s in specs.items()}}
     model_seeds, unlearn_seeds = list(seeds["models"]), list(section(params, "unlearn.seeds"))
     models = Path(models_root or root)

@@ -377,6 +377,21 @@ def test_a_run_reads_defaults_then_its_methods_then_its_weightings_section_then_
         run_configs(params, "npo")
 
 
+def test_focus_is_read_like_mix_and_refused_on_uniform_weights():
+    params = {"unlearn": {"train": TRAIN, "defaults": {},
+                          "weightings": {"uniform": {}, "hard": {"r": 0.2}, "soft": {"tau": 0.5, "focus": "first"}},
+                          "runs": {"t_first": {"method": "npo", "weighting": "hard", "focus": "first"},
+                                   "s_npo": {"method": "npo", "weighting": "soft"},
+                                   "npo": {"method": "npo", "weighting": "uniform", "focus": "all"}}}}
+    assert run_configs(params, "t_first")[0].weighting_spec.focus == "first"  # the run's own reaches the weights
+    assert run_configs(params, "s_npo")[0].focus == "first"                  # the weighting's
+    with pytest.raises(ParamError, match=r"^unlearn.runs.npo.focus='all': uniform weights select no stretch"):
+        run_configs(params, "npo")
+    params["unlearn"]["runs"]["t_first"]["focus"] = "middle"
+    with pytest.raises(ParamError, match=r"^unlearn.runs.t_first.focus='middle': must be one of"):
+        run_configs(params, "t_first")
+
+
 def test_mix_is_read_like_r_and_tau_and_refused_on_uniform_weights():
     params = {"unlearn": {"train": TRAIN, "defaults": {},
                           "weightings": {"uniform": {}, "hard": {"r": 0.2, "mix": 0.3}, "soft": {"tau": 0.5}},
@@ -455,6 +470,8 @@ def test_a_runs_record_depends_only_on_the_params_its_weights_use():
     assert used(method="npo", weighting="soft", tau=0.5) != used(method="npo", weighting="soft", tau=1.0)
     assert used(method="npo", weighting="hard", mix=0.0) == used(method="npo", weighting="hard")  # as before mix
     assert used(method="npo", weighting="hard", mix=0.5) != used(method="npo", weighting="hard")
+    assert used(method="npo", weighting="soft", focus="all") == used(method="npo", weighting="soft")  # as before
+    assert used(method="npo", weighting="soft", focus="first") != used(method="npo", weighting="soft")
     assert used(method="ga", gamma=1.0) == used(method="ga", gamma=2.0)
     assert used(method="wga", gamma=1.0) != used(method="wga", gamma=2.0)
     assert used(method="wga") == used(method="wga", gamma=1.0)  # its default, written or not

@@ -120,3 +120,43 @@ def test_mix_out_of_range_or_on_uniform_weights_is_refused():
     assert Weighting("hard", mix=0.0).used() == {"weighting": "hard", "r": 0.2, "alpha": 0.7, "score": "phi"}
     assert Weighting("hard", mix=0.25).used() == {"weighting": "hard", "r": 0.2, "alpha": 0.7, "score": "phi",
                                                  "mix": 0.25}
+
+
+# ---- focus: each selected stretch pushed at its first token --------------------------------------------------
+
+def test_focus_first_moves_each_stretch_of_hard_weights_onto_its_first_token():
+    from pipeline.attribution.weights import first_token_weights
+
+    assert first_token_weights(np.array([0.0, 1.0, 1.0, 0.0, 1.0])).tolist() == [0.0, 2.0, 0.0, 0.0, 1.0]
+    assert first_token_weights(np.array([1.0, 1.0, 1.0])).tolist() == [3.0, 0.0, 0.0]  # all selected: one stretch
+    assert first_token_weights(np.array([])).size == 0
+    phi = np.array([0.9, 0.8, 0.1, 0.7, 0.2, 0.0])  # r = 0.5 selects positions 0, 1 and 3
+    assert token_weights("hard", phi, r=0.5).tolist() == [1, 1, 0, 1, 0, 0]
+    assert token_weights("hard", phi, r=0.5, focus="first").tolist() == [2, 0, 0, 1, 0, 0]
+    # then mix, over the focused weights: 0.5·1/6 + 0.5·[2, 0, 0, 1, 0, 0]/3
+    assert token_weights("hard", phi, r=0.5, focus="first", mix=0.5).tolist() == pytest.approx(
+        [1 / 12 + 1 / 3, 1 / 12, 1 / 12, 1 / 12 + 1 / 6, 1 / 12, 1 / 12])
+
+
+def test_focus_first_on_soft_weights_keeps_the_tokens_below_the_mean_and_the_sum():
+    # softmax(φ / 1) of φ = log [1, 3, 4, 1, 1] = [0.1, 0.3, 0.4, 0.1, 0.1]: the stretch at or above the mean (0.2)
+    # is positions 1-2, whose 0.7 moves onto position 1
+    phi = np.log(np.array([1.0, 3.0, 4.0, 1.0, 1.0]))
+    w = token_weights("soft", phi, tau=1.0, focus="first")
+    assert w.tolist() == pytest.approx([0.1, 0.7, 0.0, 0.1, 0.1]) and w.sum() == pytest.approx(1.0)
+
+
+def test_focus_all_is_the_weights_unchanged_and_focus_is_refused_on_uniform_or_unknown():
+    from pipeline.training.forget_stream import Weighting
+
+    phi = np.array([0.1, 0.9, 0.5, 0.9, 0.2])
+    for strategy in ("hard", "soft"):
+        assert token_weights(strategy, phi, focus="all").tobytes() == token_weights(strategy, phi).tobytes()
+    with pytest.raises(ParamError, match=r"^focus='first': uniform weights select no stretch of the answer"):
+        token_weights("uniform", phi, focus="first")
+    with pytest.raises(ParamError, match=r"^focus='last': expected one of \['all', 'first'\]$"):
+        token_weights("hard", phi, focus="last")
+    with pytest.raises(ParamError, match=r"^focus='first': uniform weights"):
+        Weighting("uniform", focus="first")
+    assert Weighting("hard", focus="all").used() == Weighting("hard").used()  # named only where it is not all
+    assert Weighting("hard", focus="first").used()["focus"] == "first"

@@ -13,6 +13,12 @@ selected tokens and soft the softmax-weighted average.
 `mix` (hard and soft) keeps that share of each sample's push on every scored token: the weights become the mixture
 of two distributions over the sample's n scored tokens, ω_i = mix·1/n + (1 − mix)·ω_i / Σ_j ω_j, so mix = 0 gives
 the weights above unchanged (the same array) and mix = 1 the token mean of the uniform weighting.
+
+`focus` (hard and soft) says where each selected stretch of the answer is pushed. `all` (the default): on every
+token, as above. `first`: each stretch of consecutive tokens weighted at or above the sample's mean weight (hard:
+the selected tokens) carries its whole weight on its first token, the rest of the stretch on 0; tokens outside the
+stretches keep theirs, so Σ ω is unchanged. Why: greedy extraction is decided at a fact's first token (once it
+flips the continuation derails), and the tokens after it are predicted from it. It is applied before `mix`.
 """
 
 from __future__ import annotations
@@ -77,7 +83,32 @@ def mixed_weights(weights: np.ndarray, mix: float) -> np.ndarray:
     return mix / len(weights) + (1.0 - mix) * (weights / total)
 
 
-def token_weights(strategy: str, phi: np.ndarray, r: float = 0.2, tau: float = 0.5, mix: float = 0.0) -> np.ndarray:
+FOCUS = ("all", "first")
+
+
+def check_focus(focus, where: str = "focus") -> str:
+    """`focus` as one of FOCUS, or an error naming `where` (the param's key)."""
+    if focus not in FOCUS:
+        raise ParamError(f"{where}={focus!r}: expected one of {list(FOCUS)}")
+    return focus
+
+
+def first_token_weights(weights: np.ndarray) -> np.ndarray:
+    """Each stretch of consecutive tokens whose weight is at or above the sample's mean moves its summed weight
+    onto its first token; the other tokens keep theirs. [0, 1, 1, 0, 1] -> [0, 2, 0, 0, 1]."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.size == 0:
+        return w
+    inside = w >= w.mean()
+    starts = inside & ~np.concatenate(([False], inside[:-1]))
+    stretch = np.cumsum(starts) - 1  # the stretch each token inside one belongs to
+    out = np.where(inside, 0.0, w)
+    out[starts] = np.bincount(stretch[inside], weights=w[inside], minlength=int(starts.sum()))
+    return out
+
+
+def token_weights(strategy: str, phi: np.ndarray, r: float = 0.2, tau: float = 0.5, mix: float = 0.0,
+                  focus: str = "all") -> np.ndarray:
     try:
         fn = WEIGHTING[strategy]
     except KeyError:
@@ -87,5 +118,10 @@ def token_weights(strategy: str, phi: np.ndarray, r: float = 0.2, tau: float = 0
         if check_mix(mix) != 0.0:
             raise ParamError(f"mix={mix!r}: the uniform weighting spreads the push evenly already; mix is for "
                              f"hard and soft weights")
+        if check_focus(focus) != "all":
+            raise ParamError(f"focus={focus!r}: uniform weights select no stretch of the answer; focus is for hard "
+                             f"and soft weights")
         return weights
+    if check_focus(focus) == "first":
+        weights = first_token_weights(weights)
     return mixed_weights(weights, mix)

@@ -24,7 +24,7 @@ import torch
 from pipeline.attribution.shards import alternative_columns, check_shards, column_types, read_manifest
 from pipeline.attribution.teacher import LOGP_TOLERANCE as TEACHER_TOLERANCE, TEACHER_COLUMNS
 from pipeline.attribution.variants import parse_score, require_columns, score_columns, variant_score
-from pipeline.attribution.weights import check_mix, token_weights
+from pipeline.attribution.weights import check_focus, check_mix, token_weights
 from pipeline.common.atomic import atomic_file
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import model_hash, tokenizer_hash
@@ -65,11 +65,15 @@ class Weighting:
     alpha: float = 0.7
     score: str = "phi"          # the attribution variant (pipeline/attribution/variants.py): phi is the paper's
     mix: float = 0.0            # hard, soft: the share of each sample's push spread evenly over its scored tokens
+    focus: str = "all"          # hard, soft: all | first (each selected stretch's weight on its first token)
 
     def __post_init__(self):
         parse_score(self.score)
         if check_mix(self.mix) != 0.0 and self.strategy == "uniform":
             raise ParamError(f"mix={self.mix!r}: the uniform weighting spreads the push evenly already; mix is for "
+                             f"hard and soft weights")
+        if check_focus(self.focus) != "all" and self.strategy == "uniform":
+            raise ParamError(f"focus={self.focus!r}: uniform weights select no stretch of the answer; focus is for "
                              f"hard and soft weights")
 
     def used(self) -> dict:
@@ -79,6 +83,8 @@ class Weighting:
         used = {"weighting": self.strategy, **{name: getattr(self, name) for name in USES[self.strategy]}}
         if self.mix != 0.0:
             used["mix"] = self.mix
+        if self.focus != "all":  # likewise
+            used["focus"] = self.focus
         return used
 
     @property
@@ -92,7 +98,8 @@ class Weighting:
         score = self.score if self.strategy != "uniform" else "phi"
         phi_scored = variant_score(score, {k: v[scored] for k, v in columns.items()}, self.alpha)
         weights = np.zeros(len(scored))
-        weights[scored] = token_weights(self.strategy, phi_scored, r=self.r, tau=self.tau, mix=self.mix)
+        weights[scored] = token_weights(self.strategy, phi_scored, r=self.r, tau=self.tau, mix=self.mix,
+                                        focus=self.focus)
         phi = np.full(len(scored), np.nan)
         phi[scored] = phi_scored
         return ForgetSample(sample_id, input_ids, scored, weights, np.nan_to_num(logp_orig, nan=0.0), phi)

@@ -22,7 +22,7 @@ import torch
 from pipeline.attribution.reference import ReferenceCache
 from pipeline.attribution.shards import read_manifest
 from pipeline.attribution.variants import parse_score
-from pipeline.attribution.weights import WEIGHTING
+from pipeline.attribution.weights import FOCUS, WEIGHTING
 from pipeline.common.atomic import atomic_dir, write_json
 from pipeline.common.distributed import init_distributed, is_main_process
 from pipeline.common.errors import ParamError
@@ -55,6 +55,8 @@ class UnlearnConfig:
     tau: float = 0.5                   # soft: softmax(φ / τ)
     mix: float = 0.0                   # hard, soft: the share of each sample's push spread evenly over its scored
                                        # tokens, ω = mix·1/n + (1 − mix)·ω/Σω (0: the weights alone; 1: uniform's)
+    focus: str = "all"                 # hard, soft: all | first (each stretch of selected tokens pushed at its
+                                       # first token, with the stretch's summed weight)
     alpha: float = 0.7                 # φ = α·minmax(Δ) + (1−α)·minmax(H), recomputed from the shards' Δ and H
     score: str = "phi"                 # the attribution variant weighted (phi: the paper's; e.g. learned+span, see
                                        # pipeline/attribution/variants.py); its columns must be in the shards
@@ -93,6 +95,7 @@ class UnlearnConfig:
                                           "hyperparameters": hyper}, where, origins)
         rules = {"method": one_of(sorted(METHODS)), "weighting": one_of(sorted(WEIGHTING)),
                  "r": between(0, 1, lo_open=True), "tau": positive(), "mix": between(0, 1), "alpha": between(0, 1),
+                 "focus": one_of(list(FOCUS)),
                  "retain_loss": one_of(sorted(RETAIN_LOSSES)), "retain_weight": at_least(0),
                  "reduction": one_of(sorted(FORGET_REDUCTIONS)), "rmu_layer": at_least(1),
                  "retain_batch_size": at_least(0), "retain_reference": one_of(["cache", "model"]),
@@ -104,6 +107,10 @@ class UnlearnConfig:
             key = (origins or {}).get("mix", f"{where}.mix")
             raise ParamError(f"{key}={values['mix']!r}: the uniform weighting spreads the push evenly already; mix "
                              f"is for the hard and soft weightings (unlearn.weightings.hard.mix / soft.mix)")
+        if cfg.weighting == "uniform" and "focus" in values:
+            key = (origins or {}).get("focus", f"{where}.focus")
+            raise ParamError(f"{key}={values['focus']!r}: uniform weights select no stretch of the answer; focus is "
+                             f"for the hard and soft weightings (unlearn.weightings.hard.focus / soft.focus)")
         if not METHODS[cfg.method].token_weights and cfg.weighting != "uniform":
             key = (origins or {}).get("weighting", f"{where}.weighting")
             raise ParamError(f"{key}={cfg.weighting!r}: {cfg.method} trains on each sample's "
@@ -143,7 +150,7 @@ class UnlearnConfig:
 
     @property
     def weighting_spec(self) -> Weighting:
-        return Weighting(self.weighting, self.r, self.tau, self.alpha, self.score, self.mix)
+        return Weighting(self.weighting, self.r, self.tau, self.alpha, self.score, self.mix, self.focus)
 
     @property
     def retain(self) -> "RetainLoss | None":
@@ -159,8 +166,9 @@ OWN_RETAIN = "own retain term"  # the layer of a method's own retain term (GradD
 def _run_layers(params: dict, name: str) -> tuple[list[tuple[str, dict]], dict]:
     """The mappings run NAME's config is merged from, lowest first, each with the key it sits at: `unlearn.defaults`
     (every run), the method's own retain term (GradDiff), `unlearn.methods.METHOD` (its knobs: beta, gamma, ...),
-    `unlearn.weightings.WEIGHTING` (r, tau, mix, alpha, score), then the run's own keys. Split this way, DVC tracks for
-    each run only the sections it reads: a change of tau reruns the soft runs alone. Also the run's `train:`."""
+    `unlearn.weightings.WEIGHTING` (r, tau, mix, focus, alpha, score), then the run's own keys. Split this way, DVC
+    tracks for each run only the sections it reads: a change of tau reruns the soft runs alone. Also the run's
+    `train:`."""
     check_keys(section(params, "unlearn"), RUN_KEYS, "unlearn")
     runs = section(params, "unlearn.runs")
     if not isinstance(runs, dict):

@@ -118,6 +118,7 @@ def test_membership_inference_of_a_set_against_itself_is_chance(micro_model_dir,
 
     model = load_model(str(micro_model_dir)).eval()
     rows = load_split(str(micro_world_dir), "forget10")
-    result = membership_inference(model, micro_tokenizer, get_template("plain"), rows, rows, list(MIA_ATTACKS), 0.4)
+    result = membership_inference(model, micro_tokenizer, get_template("plain"), rows, rows, list(MIA_ATTACKS), 0.4,
+                                  reference_losses="self")
     assert result.auc == pytest.approx({a: 0.5 for a in MIA_ATTACKS})  # every pair of equal scores is a tie
     assert all(len(v) == len(rows) for v in result.forget.values())

@@ -123,7 +123,7 @@ def test_privleak_of_another_model_reads_the_retain_models_auc(retain_eval, micr
 
 def test_bad_robustness_params_name_the_key(micro_world_dir, tmp_path):
     with pytest.raises(ParamError, match=r"evaluate.mia.attacks"):
-        _cfg(micro_world_dir, mia={"attacks": ["gradnorm"]})
+        _cfg(micro_world_dir, mia={"attacks": ["recall"]})
     with pytest.raises(ParamError, match=r"evaluate.mia.k"):
         _cfg(micro_world_dir, mia={"k": 0})
     with pytest.raises(ParamError, match=r"evaluate.quantize.bits"):

@@ -48,7 +48,9 @@ from pipeline.data.tofu import load_split
 from pipeline.evaluation.multiple_choice import (SCORINGS, WMDP_SUBJECTS, MCItem, evaluate_mc, load_mmlu, load_wmdp,
                                                  world_mc_sets)
 from pipeline.evaluation import eval_io, open_unlearning
-from pipeline.evaluation.mia import MIA_ATTACKS, PRIVLEAK_ATTACK, MIAResult, membership_inference, privleak
+from pipeline.evaluation.mia import (DEFAULT_ATTACKS, GRADNORM_ORDERS, MIA_ATTACKS, PRIVLEAK_ATTACK, TOKENS_HASH,
+                                     MIAResult, Reference, check_retain_settings, membership_inference, privleak,
+                                     reference_losses, resolve_reference, tokens_hash)
 from pipeline.evaluation.probes import PROBED_SETS, paraphrase_items, probe
 from pipeline.evaluation.quantize import BITS, QUANT_METHODS, load_quantized_bnb, resolve_method, rtn_quantized
 from pipeline.evaluation.tofu_metrics import (ES_DEFINITIONS, LOSS_DTYPES, SetResult, evaluate_set, forget_quality,
@@ -76,7 +78,8 @@ class EvalConfig:
     seed: int = 0                      # the world's MC sets: the order of the choices
     trust_remote_code: bool = False
     # Is it forgotten or only hidden (docs/evaluation.md); each off when empty (null) or false
-    mia: dict = field(default_factory=dict)        # membership inference: {holdout_split, k, attacks} (MIASpec)
+    mia: dict = field(default_factory=dict)        # membership inference: {holdout_split, k, attacks, p,
+                                                    # reference} (MIASpec)
     paraphrase: bool = False           # forget and retain answers also asked with TOFU's paraphrased questions
     quantize: dict = field(default_factory=dict)   # the quantization attack: {bits, group_size, method} (QuantizeSpec)
     probe_sets: list = field(default_factory=list)  # what the attacks' probes score: forget, retain and MC set
@@ -117,16 +120,33 @@ class MIASpec:
 
     holdout_split: str = "holdout10"   # TOFU's and the embedded world's holdout01/05/10
     k: float = 0.4                     # Min-K% and Min-K%++ (open-unlearning's TOFU config)
-    attacks: list = field(default_factory=lambda: list(MIA_ATTACKS))
+    attacks: list = field(default_factory=lambda: list(DEFAULT_ATTACKS))  # gradnorm, reference: by name
+    p: float = 2.0                     # gradnorm's norm order: 1, 2 or .inf (open-unlearning's TOFU config: 2)
+    reference: str | None = None       # the reference attack's reference model: retain, an evaluation directory
+                                       # or a model (mia.py)
 
     @classmethod
     def from_params(cls, values: dict, where: str) -> "MIASpec":
         spec = dataclass_from_params(cls, values, where)
-        check_rules(spec, {"k": between(0, 1, lo_open=True)}, where)
+        check_rules(spec, {"k": between(0, 1, lo_open=True), "p": one_of(GRADNORM_ORDERS)}, where)
         unknown = [a for a in spec.attacks if a not in MIA_ATTACKS]
         if unknown or not spec.attacks:
             raise ParamError(f"{where}.attacks={spec.attacks!r}: choose one or more of {list(MIA_ATTACKS)}")
+        if ("reference" in spec.attacks) != bool(spec.reference):
+            raise ParamError(f"{where}.reference={spec.reference!r}: the reference attack needs a reference model "
+                             "(retain, an evaluation directory or a model), and a reference is set only with it: "
+                             f"set both {where}.reference and reference in {where}.attacks, or neither")
         return spec
+
+    def settings(self, reference_model: str | None) -> dict[str, dict]:
+        """What gradnorm's and reference's AUCs depend on beyond the model, as `mia.<attack>` records it: privleak
+        compares them only with the retain model's of the same settings."""
+        out = {}
+        if "gradnorm" in self.attacks:
+            out["gradnorm"] = {"p": "inf" if self.p == float("inf") else int(self.p)}
+        if "reference" in self.attacks:
+            out["reference"] = {"reference_model": reference_model}
+        return out
 
 
 @dataclass(frozen=True)
@@ -299,6 +319,7 @@ class EvalInputs:
     retain_logs: open_unlearning.RetainLogs | None = None  # where they come from open-unlearning's TOFU_EVAL.json
     holdout: tuple[str, list[dict]] | None = None   # membership inference's holdout split and rows
     retain_auc: dict[str, float] | None = None      # the retain model's AUC per attack, for privleak
+    reference: Reference | None = None              # the reference attack's reference model and its losses
 
 
 def load_inputs(cfg: EvalConfig, retain_dir: Path | None, own_retain: bool = False) -> EvalInputs:
@@ -325,7 +346,14 @@ def load_inputs(cfg: EvalConfig, retain_dir: Path | None, own_retain: bool = Fal
         holdout = (cfg.mia_spec.holdout_split, load_split(cfg.source, cfg.mia_spec.holdout_split))
         if retain_dir is not None and not own_retain:
             retain_auc = load_retain_auc(Path(retain_dir), cfg.mia_spec.attacks)
-    return EvalInputs(tofu, hashes, mc, reference, retain_logs, holdout, retain_auc)
+    inputs = EvalInputs(tofu, hashes, mc, reference, retain_logs, holdout, retain_auc)
+    if cfg.mia_spec is not None and cfg.mia_spec.reference:
+        inputs.reference = resolve_reference(cfg.mia_spec.reference, retain_dir, own_retain, {
+            "forget": hashes["forget"], "holdout": _questions_hash(holdout[1])})
+    if retain_auc is not None:
+        check_retain_settings(Path(retain_dir), cfg.mia_spec.settings(
+            inputs.reference.model if inputs.reference is not None else None))
+    return inputs
 
 
 def load_retain_auc(retain: Path, attacks: list[str]) -> dict[str, float]:
@@ -380,6 +408,13 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
             tokenizer, template, [r["question"] for r in forget_rows], [r["answer"] for r in forget_rows])[0])
         log.info("forget quality: the %d prompts of %s are this evaluation's", len(forget_rows),
                  inputs.retain_logs.file)
+    mia_rows, mia_hashes, ref_losses = {}, {}, None
+    if cfg.mia_spec is not None:  # the tokens the attacks score; the reference's losses, before the model loads
+        mia_rows = {"forget": inputs.tofu["forget"][1], "holdout": inputs.holdout[1]}
+        mia_hashes = {part: tokens_hash(tokenizer, template, rows) for part, rows in mia_rows.items()}
+        if inputs.reference is not None:
+            ref_losses = reference_losses(inputs.reference, mia_hashes, tokenizer, template, mia_rows,
+                                          cfg.batch_size, dtype, device, cfg.trust_remote_code)
     model = load_model(model_path, dtype=dtype, trust_remote_code=cfg.trust_remote_code).to(device).eval()
     check_vocab(model, tokenizer, model_path)
     summary: dict = {"model": str(model_path), "source": cfg.source, "forget_split": cfg.forget_split,
@@ -416,9 +451,16 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
         _paraphrase(model, tokenizer, template, inputs, cfg, records, summary)
     mia = None
     if cfg.mia_spec is not None:
-        mia = membership_inference(model, tokenizer, template, inputs.tofu["forget"][1], inputs.holdout[1],
-                                   cfg.mia_spec.attacks, cfg.mia_spec.k, cfg.batch_size)
+        mia = membership_inference(model, tokenizer, template, mia_rows["forget"], mia_rows["holdout"],
+                                   cfg.mia_spec.attacks, cfg.mia_spec.k, cfg.batch_size, cfg.mia_spec.p,
+                                   ref_losses)
         _summarise_mia(mia, inputs.retain_auc, own_retain, summary)
+        # the reference model recorded for the retain model's check; "self" has none: it is this model
+        reference_model = None if inputs.reference is None else inputs.reference.model or model_path
+        for attack, settings in cfg.mia_spec.settings(reference_model).items():
+            summary["mia"][attack].update(settings)
+        if "reference" in summary["mia"]:
+            summary["mia"]["reference"]["reference"] = cfg.mia_spec.reference
         for attack, scores in mia.forget.items():
             for record, score in zip(records["forget"], scores):
                 record[f"mia_{attack}"] = float(score)
@@ -433,13 +475,16 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
         (tmp / "items").mkdir()
         for name, rows in records.items():
             meta = {"split": inputs.tofu[name][0], "questions_hash": inputs.questions_hash[name]}
+            if name in mia_hashes:
+                meta[TOKENS_HASH] = mia_hashes[name]
             pq.write_table(_item_table(rows, meta), tmp / "items" / f"{name}.parquet", compression="zstd")
         if mia is not None:
             split, rows = inputs.holdout
             holdout = [{"index": i, "question": r["question"], "answer": r["answer"],
                         **{f"mia_{a}": float(v[i]) for a, v in mia.holdout.items()}} for i, r in enumerate(rows)]
-            pq.write_table(_item_table(holdout, {"split": split, "questions_hash": _questions_hash(rows)}),
-                           tmp / "items" / "holdout.parquet", compression="zstd")
+            meta = {"split": split, "questions_hash": _questions_hash(rows),
+                    TOKENS_HASH: mia_hashes["holdout"]}
+            pq.write_table(_item_table(holdout, meta), tmp / "items" / "holdout.parquet", compression="zstd")
         if mc_tables:
             (tmp / "mc").mkdir()
             for name, table in mc_tables.items():
@@ -480,7 +525,7 @@ def _paraphrase(model, tokenizer, template, inputs: EvalInputs, cfg: EvalConfig,
 
 def _summarise_mia(mia: MIAResult, retain_auc: dict[str, float] | None, own_retain: bool, summary: dict) -> None:
     """`mia.<attack>`: AUC, mean scores, privleak against the retain model's AUC (none without it); top level:
-    `mia_<attack>_auc` and `privleak` (open-unlearning's, of min_k)."""
+    `mia_<attack>_auc`, `privleak` (open-unlearning's, of min_k) and each other attack's `privleak_<attack>`."""
     reference = mia.auc if own_retain else retain_auc
     summary["mia"] = {}
     for attack, value in mia.auc.items():
@@ -491,6 +536,8 @@ def _summarise_mia(mia: MIAResult, retain_auc: dict[str, float] | None, own_reta
             entry["retain_auc"] = round(reference[attack], 6)
         summary["mia"][attack] = entry
         summary[f"mia_{attack}_auc"] = entry["auc"]
+        if "privleak" in entry and attack != PRIVLEAK_ATTACK:
+            summary[f"privleak_{attack}"] = entry["privleak"]
     if reference is not None and PRIVLEAK_ATTACK in summary["mia"]:
         summary["privleak"] = summary["mia"][PRIVLEAK_ATTACK]["privleak"]
     aucs = ", ".join(f"{attack} {entry['auc']:.3f}" for attack, entry in summary["mia"].items())

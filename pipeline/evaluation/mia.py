@@ -12,7 +12,14 @@ question-answer encoding (the answer and its EOS), as the TOFU metrics score the
                    tokens but the last (open-unlearning leaves out the EOS prediction); k = 0.4 as its TOFU config
   min_k_plus_plus  the same over z_i = (log p(s_i) − μ_i) / σ_i, μ_i and σ_i² the mean and variance of log p under
                    the model's own next-token distribution at i, σ² clamped at 1e-6 (Min-K%++, Zhang et al., 2024)
-The lowest max(1, int(n·k)) values are kept; a sample with no token scores 0, as there.
+  gradnorm         the mean over the model's parameter tensors of the p-norm of each one's gradient of the loss
+                   over the labelled tokens but the last (open-unlearning's tokenwise_logprobs), p = 2 as its TOFU
+                   config (Wang et al., 2024; mimir's GradNorm, Duan et al., 2024); one backward pass per sample.
+                   Higher: less likely a member, as open-unlearning's current sign (its first version returned −norm)
+  reference        loss − the reference model's loss on the same tokens (a reference model as Carlini et al., 2021,
+                   as a difference of losses as mimir; open-unlearning's ReferenceAttack with avg_loss, the loss
+                   above); the reference model's losses come from its own evaluation or from loading it (below)
+Min-K% and Min-K%++ keep the lowest max(1, int(n·k)) values; a sample with no token scores 0, as there.
 
 AUC: the forget samples labelled 0 and the holdout samples 1 (sklearn's roc_auc_score on the raw scores), so 0.5 is
 a model that cannot tell them apart and near 1 one that still knows the forget set (lower scores on it).
@@ -23,18 +30,30 @@ attack (open-unlearning's privleak, whose TOFU and MUSE configs read mia_min_k):
 
 from __future__ import annotations
 
+import gc
+import hashlib
+import json
+import logging
+import math
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from pathlib import Path
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.common.errors import DataError
+from pipeline.common.errors import DataError, ParamError
+from pipeline.common.modeling import check_vocab, load_model
+from pipeline.common.paths import is_hub_name
 from pipeline.common.progress import progress
 from pipeline.data.batching import pad_batch
-from pipeline.data.templates import IGNORE_INDEX, PromptTemplate, encode_qa
+from pipeline.data.templates import IGNORE_INDEX, EncodedSample, PromptTemplate, encode_qa
+from pipeline.evaluation import eval_io
+
+log = logging.getLogger(__name__)
 
 EPS = 1e-10  # open-unlearning's guard in privleak's denominator
 
@@ -72,15 +91,34 @@ def vocab_moments(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return mu, (p * logp.square()).sum(-1) - mu.square()
 
 
+def reference_score(loss: float, reference_loss: float) -> float:
+    """The target's loss minus the reference model's: low where the target knows a sample the reference does not."""
+    return loss - reference_loss
+
+
+def mean_norm(norms: Sequence[float]) -> float:
+    """gradnorm's statistic from the per-tensor gradient norms: their mean (0 for a sample with no gradient)."""
+    return float(np.mean(norms)) if len(norms) else 0.0
+
+
 @dataclass
 class SampleTokens:
     """One sample's labelled tokens under the model: log p of each, the moments of the model's distribution where
-    each was predicted, and their decoded text."""
+    each was predicted, and their decoded text; where those attacks run, gradnorm's statistic and the reference
+    model's loss on the same tokens."""
 
     logp: np.ndarray
     mu: np.ndarray
     sigma2: np.ndarray
     text: str
+    grad_norm: float | None = None
+    reference_loss: float | None = None
+
+
+def _needed(value: float | None, attack: str) -> float:
+    if value is None:
+        raise ValueError(f"membership inference: the {attack} attack's input was not computed for this sample")
+    return value
 
 
 # name -> score of one sample (open-unlearning's metric is mia_<name>)
@@ -89,8 +127,14 @@ MIA_ATTACKS: dict[str, Callable[[SampleTokens, float], float]] = {
     "zlib": lambda s, k: zlib_score(s.logp, s.text),
     "min_k": lambda s, k: min_k_score(s.logp[:-1], k),  # the EOS prediction left out, as open-unlearning
     "min_k_plus_plus": lambda s, k: min_k_pp_score(s.logp[:-1], s.mu[:-1], s.sigma2[:-1], k),
+    "gradnorm": lambda s, k: _needed(s.grad_norm, "gradnorm"),
+    "reference": lambda s, k: reference_score(loss_score(s.logp), _needed(s.reference_loss, "reference")),
 }
+# What evaluate.mia.attacks runs when unset: the forward-only attacks that need no other model (gradnorm costs a
+# backward pass per sample, reference a reference model's losses: both are asked for by name).
+DEFAULT_ATTACKS = ("loss", "zlib", "min_k", "min_k_plus_plus")
 PRIVLEAK_ATTACK = "min_k"  # the attack privleak reads in open-unlearning's TOFU and MUSE configs
+GRADNORM_ORDERS = (1, 2, math.inf)  # open-unlearning's allowed p
 
 
 def auc(forget_scores, holdout_scores) -> float:
@@ -145,6 +189,72 @@ def answer_tokens(model, tokenizer, template: PromptTemplate, questions: Sequenc
     return out
 
 
+@contextmanager
+def parameter_gradients(model, on_grad: Callable[[torch.Tensor], None]):
+    """Inside, every floating-point parameter requires grad, and a backward pass hands each parameter's gradient to
+    `on_grad` as soon as it is complete, then drops it: no gradient is kept, so memory holds one gradient tensor at
+    a time beside the activations, and no optimizer state exists. On leaving (an error too), each parameter's
+    requires_grad and .grad and the model's training mode are as they were."""
+    params = [p for p in model.parameters() if p.is_floating_point()]  # tied weights once, as open-unlearning
+    saved = [(p.requires_grad, p.grad) for p in params]
+    was_training = model.training
+
+    def hand_over(param: torch.Tensor) -> None:
+        on_grad(param.grad)
+        param.grad = None
+
+    handles = []
+    try:
+        for p in params:
+            p.grad = None  # a gradient already there (training) would be added to: set aside, put back below
+            p.requires_grad_(True)
+            handles.append(p.register_post_accumulate_grad_hook(hand_over))
+        model.eval()  # no dropout, as open-unlearning's evaluation
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for p, (requires_grad, grad) in zip(params, saved):
+            p.requires_grad_(requires_grad)
+            p.grad = grad
+        model.train(was_training)
+
+
+def gradient_norms(model, samples: Sequence[EncodedSample], p: float = 2, desc: str = "gradnorm") -> np.ndarray:
+    """gradnorm's statistic per sample, in input order: the mean over the parameter tensors that get a gradient of
+    the p-norm of each one's gradient of the sample's loss, the mean NLL (float32 logits) of its labelled tokens
+    but the last, as open-unlearning's tokenwise_logprobs. One sample and one backward pass at a time; the model's
+    parameters, gradients and mode are left as they were (`parameter_gradients`)."""
+    if p not in GRADNORM_ORDERS:
+        raise ValueError(f"gradnorm: p={p!r} is not one of {list(GRADNORM_ORDERS)}")
+    device = next(model.parameters()).device
+    norms: list[torch.Tensor] = []  # one 0-d tensor per parameter, kept on the device: no sync per tensor
+    out = np.zeros(len(samples))
+    with torch.enable_grad(), parameter_gradients(model, lambda g: norms.append(g.detach().float().norm(p))):
+        for i in progress(range(len(samples)), total=len(samples), desc=desc, unit="sample"):
+            labels = torch.tensor(samples[i].labels[1:], device=device)  # logits at t predict the token at t + 1
+            where = (labels != IGNORE_INDEX).nonzero().flatten()[:-1]  # the last labelled token left out
+            if where.numel() == 0:
+                continue  # nothing to score: 0, as the other attacks
+            ids = torch.tensor([samples[i].input_ids], device=device)
+            logits = model(input_ids=ids).logits[0, :-1][where].float()
+            norms.clear()
+            F.cross_entropy(logits, labels[where]).backward()
+            out[i] = mean_norm(torch.stack(norms).double().cpu().numpy()) if norms else 0.0
+    return out
+
+
+def tokens_hash(tokenizer, template: PromptTemplate, rows: Sequence[dict]) -> str:
+    """A hash of the samples the attacks score: each row's encoded question and answer (token ids and labels), in
+    order. Two evaluations with the same hash scored the same tokens: same questions, answers, order, template
+    and tokenizer, so one's per-sample losses can serve as the other's reference."""
+    digest = hashlib.sha256()
+    for r in rows:
+        sample = encode_qa(tokenizer, template, r["question"], r["answer"])
+        digest.update(json.dumps([sample.input_ids, sample.labels]).encode())
+    return digest.hexdigest()[:16]
+
+
 def item_scores(samples: Sequence[SampleTokens], attacks: Sequence[str], k: float) -> dict[str, np.ndarray]:
     """Each attack's score per sample."""
     return {name: np.array([MIA_ATTACKS[name](s, k) for s in samples]) for name in attacks}
@@ -157,17 +267,192 @@ class MIAResult:
     auc: dict[str, float]            # attack -> forget-vs-holdout AUC
 
 
+# The reference model's per-sample losses (loss_score) on the forget and the holdout rows, or "self": the model
+# evaluated is its own reference (the retain model with reference: retain), every reference score 0.
+ReferenceLosses = tuple[Sequence[float], Sequence[float]] | Literal["self"]
+
+
 def membership_inference(model, tokenizer, template: PromptTemplate, forget_rows: Sequence[dict],
                          holdout_rows: Sequence[dict], attacks: Sequence[str], k: float,
-                         batch_size: int = 32) -> MIAResult:
-    """Every attack's per-sample scores on the forget and the holdout rows (question, answer), and its AUC."""
+                         batch_size: int = 32, p: float = 2,
+                         reference_losses: ReferenceLosses | None = None) -> MIAResult:
+    """Every attack's per-sample scores on the forget and the holdout rows (question, answer), and its AUC.
+    `p`: gradnorm's norm order; `reference_losses`: what the reference attack compares with (needed for it)."""
     unknown = [a for a in attacks if a not in MIA_ATTACKS]
     if unknown:
         raise DataError(f"membership inference: unknown attacks {unknown} (choose from {list(MIA_ATTACKS)})")
+    if "reference" in attacks and reference_losses is None:
+        raise DataError("membership inference: the reference attack needs the reference model's losses")
     scores = []
-    for rows, what in ((forget_rows, "forget"), (holdout_rows, "holdout")):
-        tokens = answer_tokens(model, tokenizer, template, [r["question"] for r in rows],
-                               [r["answer"] for r in rows], batch_size, desc=f"membership inference: {what}")
+    for part, (rows, what) in enumerate(((forget_rows, "forget"), (holdout_rows, "holdout"))):
+        questions, answers = [r["question"] for r in rows], [r["answer"] for r in rows]
+        tokens = answer_tokens(model, tokenizer, template, questions, answers, batch_size,
+                               desc=f"membership inference: {what}")
+        if "gradnorm" in attacks:
+            encoded = [encode_qa(tokenizer, template, q, a) for q, a in zip(questions, answers)]
+            for s, norm in zip(tokens, gradient_norms(model, encoded, p, desc=f"gradnorm: {what}")):
+                s.grad_norm = float(norm)
+        if "reference" in attacks:
+            own = isinstance(reference_losses, str)  # "self"
+            theirs = [loss_score(s.logp) for s in tokens] if own else reference_losses[part]
+            if len(theirs) != len(tokens):
+                raise DataError(f"membership inference: {len(theirs)} reference losses for {len(tokens)} {what} "
+                                "samples")
+            for s, loss in zip(tokens, theirs):
+                s.reference_loss = float(loss)
         scores.append(item_scores(tokens, attacks, k))
     forget, holdout = scores
     return MIAResult(forget, holdout, {a: auc(forget[a], holdout[a]) for a in attacks})
+
+
+# ---- the reference attack's reference model -------------------------------------------------------------
+#
+# The reference attack's reference model (`evaluate.mia.reference`): its per-sample losses on the forget and the
+# holdout rows, read from its own evaluation where there is one, so no second model is loaded; else the model loaded
+# once, scored, and freed before the model evaluated loads.
+#
+# `reference` names it:
+#   retain   the retain model, through the evaluation `--retain-results` names (the retain model's own evaluation is
+#            its own reference: every score 0, AUC 0.5, privleak 0)
+#   DIR      another evaluation directory of this pipeline (its items/forget.parquet and items/holdout.parquet)
+#   MODEL    a model directory or hub name to load, where no evaluation of it is at hand
+#
+# A cached loss is used only where it scored the very tokens scored here: the questions hash of each set (checked
+# before any model loads) and the hash of the encoded samples (`mia.tokens_hash`: questions, answers, their order,
+# the template and the tokenizer; checked once the tokenizer loads). Anything else is refused, naming the file.
+
+RETAIN = "retain"
+PARTS = ("forget", "holdout")  # the two sets the attacks score, as items/<part>.parquet
+LOSS_COLUMN = "mia_loss"       # the loss attack's per-item score: the reference attack's reference loss
+TOKENS_HASH = "mia_tokens_hash"  # the items' metadata key of `mia.tokens_hash`
+
+
+@dataclass
+class Reference:
+    """Where the reference losses come from: "self" (the model evaluated is the reference), "cached" (an
+    evaluation's items, `losses` read and `tokens_hash` to check) or "model" (loaded on first use; `losses` and
+    `tokens_hash` kept then, so the seeds of a run load it once)."""
+
+    name: str                                     # as evaluate.mia.reference gives it
+    kind: str
+    source: str                                   # the evaluation directory read, or the model to load
+    model: str | None = None                      # the reference model (None for "self": the model evaluated)
+    losses: tuple[np.ndarray, np.ndarray] | None = None
+    tokens_hash: dict[str, str] | None = None
+
+
+def resolve_reference(name: str, retain_dir: Path | None, own_retain: bool,
+                      questions_hash: dict[str, str]) -> Reference:
+    """The reference `name` stands for, its cached losses read and checked against this evaluation's questions
+    (`questions_hash`: forget and holdout), before any model loads."""
+    where = "evaluate.mia.reference"
+    if name == RETAIN:
+        if retain_dir is None:
+            raise ParamError(f"{where}: retain reads the retain model's evaluation, and none is named: pass "
+                             "--retain-results DIR, or name the reference model's evaluation or the model itself")
+        if own_retain:
+            return Reference(name, "self", str(retain_dir))
+        path = Path(retain_dir)
+        if not (path / "items" / "holdout.parquet").is_file():
+            raise DataError(f"{where}: retain reads {path / 'items'}/{{forget,holdout}}.parquet, and {path} has no "
+                            "items/holdout.parquet (an evaluation without evaluate.mia, or open-unlearning's "
+                            "TOFU_EVAL.json, which has no hash to check its items by): evaluate the retain model "
+                            "with evaluate.mia, or name the retain model itself to load")
+        return _cached(name, path, questions_hash)
+    path = Path(name)
+    if (path / "items").is_dir() or (path / "metrics.json").is_file():
+        if not (path / "items" / "holdout.parquet").is_file():
+            raise DataError(f"{where}: {path} is an evaluation without membership inference (no "
+                            "items/holdout.parquet): evaluate that model with evaluate.mia, or name the model")
+        return _cached(name, path, questions_hash)
+    if path.is_dir() or is_hub_name(name):
+        return Reference(name, "model", name, name)
+    raise ParamError(f"{where}: '{name}' is neither retain, an evaluation directory (items/holdout.parquet) nor a "
+                     "model directory or hub name")
+
+
+def _cached(name: str, eval_dir: Path, questions_hash: dict[str, str]) -> Reference:
+    losses, hashes = [], {}
+    for part in PARTS:
+        file = eval_dir / "items" / f"{part}.parquet"
+        if not file.is_file():
+            raise DataError(f"{file}: missing; the reference attack reads the reference model's {part} losses there")
+        table = eval_io.read_parquet(file)
+        try:
+            meta = json.loads((table.schema.metadata or {})[b"tokenunlearn"])
+        except (KeyError, TypeError, ValueError):
+            meta = {}
+        if meta.get("questions_hash") != questions_hash[part]:
+            raise DataError(f"{file}: the reference model was evaluated on other {part} questions (hash "
+                            f"{meta.get('questions_hash')}, here {questions_hash[part]}); evaluate both on the same "
+                            "source, forget split and holdout split")
+        if not isinstance(meta.get(TOKENS_HASH), str):
+            raise DataError(f"{file}: no record of the tokens its attacks scored ({TOKENS_HASH}; an evaluation "
+                            "written before the reference attack): evaluate the reference model again")
+        if LOSS_COLUMN not in table.column_names:
+            raise DataError(f"{file}: no {LOSS_COLUMN} column: evaluate the reference model with loss among "
+                            "evaluate.mia.attacks")
+        column = table.column(LOSS_COLUMN).to_pylist()
+        losses.append(np.array([eval_io.number(v, f"{file}: row {i}: {LOSS_COLUMN}", 0.0)
+                                for i, v in enumerate(column)]))
+        hashes[part] = meta[TOKENS_HASH]
+    summary = eval_dir / "metrics.json"  # which model it evaluated, for the retain model's check (privleak)
+    model = eval_io.read_json(summary, "evaluation summary").get("model") if summary.is_file() else None
+    return Reference(name, "cached", str(eval_dir), model if isinstance(model, str) else str(eval_dir),
+                     (losses[0], losses[1]), hashes)
+
+
+def reference_losses(ref: Reference, tokens_hash: dict[str, str], tokenizer, template: PromptTemplate,
+                     rows: dict[str, list[dict]], batch_size: int, dtype: torch.dtype, device: torch.device,
+                     trust_remote_code: bool = False) -> ReferenceLosses:
+    """The reference losses for the membership inference of a model whose samples hash to `tokens_hash` (forget,
+    holdout): "self"; the cached ones, once their tokens are checked; or the reference model's, loaded with this
+    tokenizer, scored and freed (again only where the tokens changed: the seeds of a run load it once)."""
+    if ref.kind == "self":
+        return "self"
+    if ref.kind == "model" and ref.tokens_hash != tokens_hash:
+        log.info("reference attack: loading the reference model %s", ref.source)
+        model = load_model(ref.source, dtype=dtype, trust_remote_code=trust_remote_code).to(device).eval()
+        check_vocab(model, tokenizer, ref.source)
+        scored = []
+        for part in PARTS:
+            samples = answer_tokens(model, tokenizer, template, [r["question"] for r in rows[part]],
+                                    [r["answer"] for r in rows[part]], batch_size, desc=f"reference model: {part}")
+            scored.append(np.array([loss_score(s.logp) for s in samples]))
+        del model
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        ref.losses, ref.tokens_hash = (scored[0], scored[1]), dict(tokens_hash)
+    for part, losses in zip(PARTS, ref.losses):
+        if ref.tokens_hash[part] != tokens_hash[part]:
+            raise DataError(f"{Path(ref.source) / 'items' / f'{part}.parquet'}: the reference model scored other "
+                            f"{part} tokens (hash {ref.tokens_hash[part]}, here {tokens_hash[part]}): the same "
+                            "questions encoded with another template or tokenizer; evaluate both alike, or name "
+                            "the reference model to load")
+        if len(losses) != len(rows[part]):
+            raise DataError(f"{ref.source}: {len(losses)} reference {part} losses for {len(rows[part])} rows")
+    if ref.kind == "cached":
+        log.info("reference attack: the reference model's losses from %s (no model loaded)", ref.source)
+    return ref.losses
+
+
+def check_retain_settings(retain_dir: Path, settings: dict[str, dict]) -> None:
+    """privleak compares each attack's AUC with the retain model's: refused where the retain model's evaluation
+    ran an attack with other settings (`settings`: attack -> {key: value}, as written under `mia.<attack>`; paths
+    compared as the places they name)."""
+    file = Path(retain_dir) / "metrics.json"
+    if not file.is_file():
+        return  # open-unlearning's TOFU_EVAL.json records none of them
+    mia = eval_io.read_json(file, "evaluation summary").get("mia") or {}
+    for attack, wanted in settings.items():
+        entry = mia.get(attack) if isinstance(mia, dict) else None
+        for key, value in wanted.items():
+            theirs = entry.get(key) if isinstance(entry, dict) else None
+            if theirs is not None and _place(theirs) != _place(value):
+                raise DataError(f"{file}: mia.{attack}.{key} is {theirs!r}, here {value!r}: privleak would compare "
+                                "with another attack; evaluate the retain model with the same evaluate.mia")
+
+
+def _place(value):
+    return str(Path(value).resolve()) if isinstance(value, str) and Path(value).exists() else value

@@ -11,7 +11,8 @@ forget_truth_ratio (lowercase), forget_Q_A_ROUGE, forget_quality, extraction_str
 forget set's); retain_Q_A_{Prob,PARA_Prob,PERT_Prob,ROUGE} and retain_Truth_Ratio; ra_ and wf_ (real authors,
 world facts) Q_A_Prob (unnormalised), Q_A_PERT_Prob, Q_A_Prob_normalised (TokenUnlearn's `probability` there),
 Truth_Ratio and Q_A_ROUGE; model_utility; with evaluate.mia, mia_loss, mia_zlib, mia_min_k, mia_min_k_plus_plus
-(`{"agg_value": AUC, "auc": AUC, "forget": {...}, "holdout": {...}}`, each set's scores by index) and privleak.
+and where run mia_gradnorm, mia_reference (`{"agg_value": AUC, "auc": AUC, "forget": {...}, "holdout": {...}}`,
+each set's scores by index) and privleak.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ PREFIX = {"forget": "forget", "retain": "retain", "real_authors": "ra", "world_f
 # The top-level metrics of open-unlearning's configs/eval/tofu.yaml that TokenUnlearn computes, and exact
 # memorization (one of its metrics, left out of that list by default): what TOFU_SUMMARY.json holds.
 SUMMARY_METRICS = ("forget_quality", "forget_Q_A_Prob", "forget_Q_A_ROUGE", "model_utility", "extraction_strength",
-                   "exact_memorization", "privleak", "mia_loss", "mia_zlib", "mia_min_k", "mia_min_k_plus_plus")
+                   "exact_memorization", "privleak", "mia_loss", "mia_zlib", "mia_min_k", "mia_min_k_plus_plus",
+                   "mia_gradnorm", "mia_reference")
 
 
 def truth_ratio_key(kind: str) -> str:

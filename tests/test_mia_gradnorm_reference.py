@@ -284,3 +284,19 @@ def test_mia_params(micro_world_dir):
     with pytest.raises(ParamError, match=r"evaluate.mia.reference='retain'"):
         _cfg(micro_world_dir, attacks=["loss"])
 
+
+def test_report_shows_both_privleaks(tmp_path):
+    from pipeline.evaluation.report import load_rows, write_report
+
+    metrics = tmp_path / "eval"
+    metrics.mkdir()
+    base = {"retain_es": 0.9, "forget_es": 0.3, "model_utility": 0.8, "log10_forget_quality": -1.0, "privleak": 0.0}
+    for name, extra in {"target": {"privleak_gradnorm": -70.0}, "retain": {"privleak_gradnorm": 0.0},
+                        "ga": {"privleak_gradnorm": -12.5, "privleak_reference": 4.25}}.items():
+        (metrics / f"{name}.json").write_text(json.dumps({**base, **extra}))
+    write_report(load_rows(metrics, {"ga": {"method": "ga", "weighting": "uniform"}}), tmp_path / "r", tmp_path / "p")
+    robust = (tmp_path / "r" / "results.md").read_text().split("Is it forgotten")[1].splitlines()
+    header = next(line for line in robust if line.startswith("| model"))
+    assert "privleak, GradNorm (→0)" in header and "privleak, Reference (→0)" in header
+    ga = next(line for line in robust if line.startswith("| GA |"))
+    assert "| -12.500 | 4.250 |" in ga

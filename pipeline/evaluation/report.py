@@ -34,6 +34,7 @@ COLUMNS = [("retain_es", "retain ES ↑"), ("forget_es", "forget ES ↓"), ("mod
 # evaluated: each attack's forget ES and forget multiple-choice accuracy, against the same model unattacked.
 ROBUSTNESS_COLUMNS = [
     ("privleak", "privleak (→0)"), ("mia_min_k_plus_plus_auc", "Min-K%++ AUC (→retain)"),
+    ("privleak_gradnorm", "privleak, GradNorm (→0)"), ("privleak_reference", "privleak, Reference (→0)"),
     ("forget_para_es", "forget ES, paraphrased ↓"), ("q8_forget_es", "forget ES, 8-bit ↓"),
     ("q4_forget_es", "forget ES, 4-bit ↓"), ("relearn_before_forget_es", "forget ES, unseen rows ↓"),
     ("relearn_forget_forget_es", "… after relearning on forget ↓"),

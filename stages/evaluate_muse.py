@@ -1,0 +1,51 @@
+"""Stage `evaluate-muse`: MUSE's VerbMem, KnowMem, utility and PrivLeak of one model."""
+
+import logging
+from pathlib import Path
+
+import click
+
+from pipeline.common.atomic import hold_outputs
+from pipeline.evaluation.eval_io import write_strict_json
+from pipeline.evaluation.muse import (KNOWMEM_MAX_NEW_TOKENS, MIN_K, PRIVLEAK_ATTACKS, VERBMEM_MAX_NEW_TOKENS,
+                                      MuseSettings, evaluate_muse)
+
+log = logging.getLogger(__name__)
+
+
+@click.command("evaluate-muse")
+@click.argument("name")
+@click.option("--model", "model_path", required=True, help="A model directory (safetensors) or hub name.")
+@click.option("--source", default="muse-bench/MUSE-News", show_default=True,
+              help="MUSE: a hub dataset (muse-bench/MUSE-News, muse-bench/MUSE-Books) or a local copy in its "
+                   "layout (huggingface-cli download ... --repo-type dataset; `world-muse` writes one).")
+@click.option("--out", type=click.Path(file_okay=False), help="Output directory [artifacts/eval_muse/NAME].")
+@click.option("--metrics", type=click.Path(dir_okay=False), help="Also write the summary here.")
+@click.option("--retain-results", type=click.Path(),
+              help="The retain model's evaluate-muse output (its --out, or its metrics.json), for PrivLeak; the "
+                   "same as --out when NAME is the retain model.")
+@click.option("--retain-auc", type=float,
+              help="Or the retain model's published AUC (MUSE's retrained models, Min-40%: News 0.4772, Books "
+                   "0.5393). Neither: no PrivLeak.")
+@click.option("--verbmem-max-new-tokens", default=VERBMEM_MAX_NEW_TOKENS, show_default=True, type=int,
+              help="Greedy tokens after each verbmem prompt; the reference is gt cut to as many (MUSE: 128).")
+@click.option("--knowmem-max-new-tokens", default=KNOWMEM_MAX_NEW_TOKENS, show_default=True, type=int,
+              help="Greedy tokens of each knowmem answer (MUSE: 32).")
+@click.option("--k", default=MIN_K, show_default=True, type=float, help="Min-K%'s fraction of tokens.")
+@click.option("--attack", default="min_k", show_default=True, type=click.Choice(PRIVLEAK_ATTACKS),
+              help="The membership attack PrivLeak reads (MUSE: Min-K% Prob).")
+@click.option("--stem/--no-stem", default=False, show_default=True,
+              help="Stem words in ROUGE (open-unlearning does; MUSE does not).")
+@click.option("--batch-size", default=8, show_default=True, type=int,
+              help="Prompts per generation batch (left-padded) and texts per scoring batch.")
+def command(name, model_path, source, out, metrics, retain_results, retain_auc, verbmem_max_new_tokens,
+            knowmem_max_new_tokens, k, attack, stem, batch_size) -> None:
+    """Evaluate model NAME on MUSE; writes OUT/metrics.json and per-item OUT/items/*.parquet."""
+    settings = MuseSettings(verbmem_max_new_tokens, knowmem_max_new_tokens, k, attack, stem, batch_size)
+    out_dir = Path(out or f"artifacts/eval_muse/{name}")
+    with hold_outputs(out_dir):
+        summary = evaluate_muse(model_path, source, out_dir, settings,
+                                Path(retain_results) if retain_results else None, retain_auc)
+        if metrics:
+            write_strict_json(Path(metrics), summary)
+    log.info("evaluate-muse %s: wrote %s", name, out_dir)

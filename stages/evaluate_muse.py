@@ -16,6 +16,8 @@ log = logging.getLogger(__name__)
 @click.command("evaluate-muse")
 @click.argument("name")
 @click.option("--model", "model_path", required=True, help="A model directory (safetensors) or hub name.")
+@click.option("--tokenizer", "tokenizer_path",
+              help="The tokenizer, where the model has none [the model's] (MUSE's models: meta-llama/Llama-2-7b-hf).")
 @click.option("--source", default="muse-bench/MUSE-News", show_default=True,
               help="MUSE: a hub dataset (muse-bench/MUSE-News, muse-bench/MUSE-Books) or a local copy in its "
                    "layout (huggingface-cli download ... --repo-type dataset; `world-muse` writes one).")
@@ -38,14 +40,14 @@ log = logging.getLogger(__name__)
               help="Stem words in ROUGE (open-unlearning does; MUSE does not).")
 @click.option("--batch-size", default=8, show_default=True, type=int,
               help="Prompts per generation batch (left-padded) and texts per scoring batch.")
-def command(name, model_path, source, out, metrics, retain_results, retain_auc, verbmem_max_new_tokens,
+def command(name, model_path, tokenizer_path, source, out, metrics, retain_results, retain_auc, verbmem_max_new_tokens,
             knowmem_max_new_tokens, k, attack, stem, batch_size) -> None:
     """Evaluate model NAME on MUSE; writes OUT/metrics.json and per-item OUT/items/*.parquet."""
     settings = MuseSettings(verbmem_max_new_tokens, knowmem_max_new_tokens, k, attack, stem, batch_size)
     out_dir = Path(out or f"artifacts/eval_muse/{name}")
     with hold_outputs(out_dir):
         summary = evaluate_muse(model_path, source, out_dir, settings,
-                                Path(retain_results) if retain_results else None, retain_auc)
+                                Path(retain_results) if retain_results else None, retain_auc, tokenizer_path)
         if metrics:
             write_strict_json(Path(metrics), summary)
     log.info("evaluate-muse %s: wrote %s", name, out_dir)

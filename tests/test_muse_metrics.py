@@ -146,7 +146,8 @@ def _memorizing_model(base_dir, tokenizer, texts, out, steps=60):
     return out
 
 
-def test_evaluate_muse_end_to_end(world_muse, retain_eval, micro_model_dir, micro_tokenizer, tmp_path):
+def test_evaluate_muse_end_to_end(world_muse, retain_eval, micro_model_dir, micro_tokenizer, micro_tokenizer_dir,
+                                  tmp_path):
     """A model trained on the forget biographies and the forget questions (in MUSE's prompt), against the untrained
     model as the retain model: it repeats the forget excerpts, answers forget questions better than retain ones,
     and its forget texts stand out (AUC 0, PrivLeak below 0)."""
@@ -158,10 +159,12 @@ def test_evaluate_muse_end_to_end(world_muse, retain_eval, micro_model_dir, micr
     qa = [muse.knowmem_prompt(sets.knowmem_forget_icl, p.question) + p.answer + "\n\n" for p in sets.knowmem_forget]
     target = _memorizing_model(micro_model_dir, micro_tokenizer, sets.privleak_forget + qa, tmp_path / "target")
     out = tmp_path / "target_eval"
-    assert run(["evaluate-muse", "target", "--model", str(target), "--source", str(world_muse), "--out", str(out),
-                "--retain-results", str(retain_out), "--metrics", str(tmp_path / "target.json"), *SMALL]) == 0
+    assert run(["evaluate-muse", "target", "--model", str(target), "--tokenizer", str(micro_tokenizer_dir),
+                "--source", str(world_muse), "--out", str(out), "--retain-results", str(retain_out),
+                "--metrics", str(tmp_path / "target.json"), *SMALL]) == 0
     summary = json.loads((out / "metrics.json").read_text())
     assert json.loads((tmp_path / "target.json").read_text()) == summary
+    assert summary["tokenizer"] == str(micro_tokenizer_dir)
 
     items = {name: pq.read_table(out / "items" / f"{name}.parquet").to_pylist()
              for name in ("verbmem", "knowmem_forget", "knowmem_retain", "privleak_forget", "privleak_holdout")}

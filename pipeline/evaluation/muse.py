@@ -216,11 +216,13 @@ def _set_summary(records: list[dict]) -> dict:
 
 
 def evaluate_muse(model_path: str, source: str, out_dir: Path, settings: MuseSettings = MuseSettings(),
-                  retain_results: Path | None = None, retain_auc: float | None = None) -> dict:
+                  retain_results: Path | None = None, retain_auc: float | None = None,
+                  tokenizer_path: str | None = None) -> dict:
     """Evaluate one model on MUSE `source` and write `out_dir` (atomically): metrics.json and items/*.parquet.
     PrivLeak needs the retain model's AUC: `retain_results`, its own evaluate-muse output (`out_dir` itself: this
     is the retain model, PrivLeak 0), or `retain_auc`, a published one (MUSE's retrained models: News 0.4772,
-    Books 0.5393, for Min-40%); neither: no PrivLeak."""
+    Books 0.5393, for Min-40%); neither: no PrivLeak. `tokenizer_path`: where the model has none (MUSE's models
+    are read with meta-llama/Llama-2-7b-hf's)."""
     start = time.perf_counter()
     sets: MuseEvalSets = load_eval_sets(source)  # every input is read before the model
     privleak_data = data_hash([sets.privleak_forget, sets.privleak_holdout])
@@ -237,7 +239,7 @@ def evaluate_muse(model_path: str, source: str, out_dir: Path, settings: MuseSet
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    tokenizer = load_tokenizer(model_path)
+    tokenizer = load_tokenizer(tokenizer_path or model_path)
     model = load_model(model_path, dtype=dtype).to(device).eval()
     check_vocab(model, tokenizer, model_path)
     s = settings
@@ -252,7 +254,7 @@ def evaluate_muse(model_path: str, source: str, out_dir: Path, settings: MuseSet
     if own:
         reference = dict(aucs)
 
-    summary: dict = {"model": str(model_path), "source": str(source),
+    summary: dict = {"model": str(model_path), "tokenizer": str(tokenizer_path or model_path), "source": str(source),
                      "verbmem_f": round(percent_mean([r["rougeL_f1"] for r in verbmem]), 6),
                      "knowmem_f": round(percent_mean([r["rougeL_f1"] for r in knowmem_f]), 6),
                      "knowmem_r": round(percent_mean([r["rougeL_f1"] for r in knowmem_r]), 6)}

@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
               type=click.Path(exists=True, file_okay=False), help="A world written by `make-world`.")
 @click.option("--forget-split", default="forget10", show_default=True,
               help="Whose biographies are the forget corpus (a forget split of the world).")
-@click.option("--icl", "n_icl", default=2, show_default=True, type=int,
+@click.option("--icl", "n_icl", default=1, show_default=True, type=int,
               help="In-context examples of each knowmem split (MUSE has 10; the embedded model's context is short).")
 @click.option("--out", default="artifacts/world_muse", show_default=True, type=click.Path(file_okay=False),
               help="Output directory, in the layout of the hub's muse-bench/MUSE-News.")

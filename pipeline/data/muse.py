@@ -265,7 +265,7 @@ def _checked(rows: list, file: Path, fields: dict[str, type]) -> list[dict]:
     return rows
 
 
-def world_as_muse(world_dir: str | Path, forget_split: str = "forget10", n_icl: int = 2) -> tuple[Tables, dict]:
+def world_as_muse(world_dir: str | Path, forget_split: str = "forget10", n_icl: int = 1) -> tuple[Tables, dict]:
     """The embedded world (the directory `make-world` writes) as MUSE's tables, and a summary of who is where.
 
     forget: the biographies of `forget_split`'s authors; retain1 / retain2: the other trained authors' biographies,
@@ -321,7 +321,7 @@ def world_as_muse(world_dir: str | Path, forget_split: str = "forget10", n_icl: 
 
 
 def write_world_as_muse(world_dir: str | Path, out_dir: str | Path, forget_split: str = "forget10",
-                        n_icl: int = 2) -> dict:
+                        n_icl: int = 1) -> dict:
     """`world_as_muse`, written in MUSE's layout to `out_dir` (atomically); returns its summary."""
     tables, summary = world_as_muse(world_dir, forget_split, n_icl)
     authors = summary["authors"]

@@ -25,7 +25,8 @@ src/data/utils.py) differs: its ROUGE stems words (rouge-score's Porter stemmer)
 `gt` (up to 2048 tokens), not its first 128 tokens, and is tokenized after "prompt + ' '"; its Min-K% leaves out the
 last token of each text and reads at most 2048 tokens; its AUC is labelled the other way round, so its privleak
 takes 1 − AUC of both models first (the same number) and adds 1e-10 to the denominator; without the retain
-model's logs it takes AUC_retain = 0.5. Batching aside, the rest is the same.
+model's logs it takes AUC_retain = 0.5; its references are decoded from their tokens. Batching aside, the rest is
+the same.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from pipeline.common.distributed import shutdown_distributed
 from pipeline.common.errors import TokenUnlearnError, system_error
 from pipeline.common.reproducible import pin_threads
 
-from . import (attribute, check_models, code_deps, compare_attribution, diagnose, evaluate, finetune, inspect, reference,
-               relearn, report, report_seeds, sweep, tokenizer, tune, unlearn, world)
+from . import (attribute, check_models, code_deps, compare_attribution, diagnose, evaluate, finetune, inspect, muse,
+               reference, relearn, report, report_seeds, sweep, tokenizer, tune, unlearn, world)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -31,7 +31,7 @@ def cli(verbose: bool, local_rank: int | None) -> None:
 
 for command in (world.command, tokenizer.command, finetune.command, check_models.command, attribute.command,
                 attribute.download_command, reference.command, inspect.command, unlearn.command, evaluate.command,
-                evaluate.export_command, report.command, report_seeds.command, tune.command,
+                evaluate.export_command, report.command, report_seeds.command, tune.command, *muse.commands,
                 compare_attribution.command, relearn.command, sweep.command, code_deps.command, diagnose.command):
     cli.add_command(command)
 

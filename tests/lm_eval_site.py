@@ -6,6 +6,7 @@ folder on its PYTHONPATH."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -39,15 +40,25 @@ def _install(target: Path) -> None:
 
 def lm_eval_site() -> Path:
     """The folder holding lm_eval, installed on first use; the test is skipped where it cannot be."""
-    if not (SITE / "lm_eval" / "__init__.py").is_file():
-        SITE.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            _install(SITE)
-        except subprocess.CalledProcessError as e:
-            last = (e.stderr or e.stdout or "").strip().splitlines()[-1:] or ["no output"]
-            if not (SITE / "lm_eval" / "__init__.py").is_file():  # else another session just installed it
-                pytest.skip(f"cannot install {LM_EVAL} into {SITE} (offline, or no package index?): {last[0]}")
-        except (OSError, subprocess.TimeoutExpired) as e:
-            if not (SITE / "lm_eval" / "__init__.py").is_file():
-                pytest.skip(f"cannot install {LM_EVAL} into {SITE}: {e}")
+    reason = _unavailable()
+    if reason:
+        pytest.skip(reason)
     return SITE
+
+
+@functools.cache  # one try per test session, whichever test asks first
+def _unavailable() -> str | None:
+    """None once lm_eval is in SITE, else why it cannot be installed there."""
+    if (SITE / "lm_eval" / "__init__.py").is_file():
+        return None
+    SITE.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _install(SITE)
+    except subprocess.CalledProcessError as e:
+        last = (e.stderr or e.stdout or "").strip().splitlines()[-1:] or ["no output"]
+        why = f"cannot install {LM_EVAL} into {SITE} (offline, or no package index?): {last[0]}"
+    except (OSError, subprocess.TimeoutExpired) as e:
+        why = f"cannot install {LM_EVAL} into {SITE}: {e}"
+    else:
+        return None
+    return None if (SITE / "lm_eval" / "__init__.py").is_file() else why  # else another session just installed it

@@ -167,11 +167,13 @@ def run_tasks(model, model_path: str, spec: LMEvalSpec, batch_size: int, trust_r
                                   task_manager=manager, log_samples=True,
                                   batch_size=batch_size, device=str(model.device))  # these two: for its record only
     samples = {task: [_slim(s) for s in rows] for task, rows in (out.pop("samples", None) or {}).items()}
-    metrics = flat_metrics(out)
+    # rounded to 6 digits as the rest of the summary; results.json keeps lm-eval's own values
+    metrics = {k: round(v, 6) for k, v in flat_metrics(out).items()}
     summary = {"version": lm_eval.__version__, "tasks": list(spec.tasks), "num_fewshot": spec.num_fewshot,
                "limit": spec.limit, "n_shot": out.get("n-shot", {}),
                "n": {t: n.get("effective") for t, n in out.get("n-samples", {}).items() if isinstance(n, dict)},
-               "results": {task: _finite(values) for task, values in out["results"].items()}}
+               "results": {task: {k: round(v, 6) for k, v in _finite(values).items()}
+                           for task, values in out["results"].items()}}
     log.info("lm-eval (%.0f s): %s", time.perf_counter() - start,
              ", ".join(f"{k.removeprefix(PREFIX)} {v:.3f}" for k, v in metrics.items() if not k.endswith("_stderr")))
     return LMEvalRun(metrics, summary, out, samples)

@@ -2,19 +2,15 @@
 (max abs diff ≤ 1e-4 in float32) and the same letter, with BOS from the tokenizer, forced on or off, and with
 items longer than the model's max length (left-truncated by both) and multi-token letters.
 
-lm-eval 0.4.13 is installed once, from the package index, into `.cache/lm-eval-0.4.13` (git-ignored) without
-touching the venv: a dry run lists the packages the venv lacks, which are installed there with --no-deps. Where
-that cannot be done (offline, no index) the test is skipped and says why. The harness runs in a subprocess, with
-that folder on its PYTHONPATH.
+lm-eval 0.4.13 comes from `tests/lm_eval_site.py` (installed once into `.cache/`, never into the venv; skipped
+where it cannot be installed); the harness runs in a subprocess, with that folder on its PYTHONPATH.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,44 +20,15 @@ from pipeline.common.modeling import build_model, load_model, load_tokenizer, sa
 from pipeline.evaluation.multiple_choice import (LETTERS, encode_continuations, format_prompt, letter_logprobs,
                                                  load_wmdp, resolve_max_length)
 
-from .conftest import REPO, cli_env
+from .conftest import cli_env
+from .lm_eval_site import OFFLINE, lm_eval_site
 
-LM_EVAL = "lm-eval[hf]==0.4.13"
-SITE = REPO / ".cache" / "lm-eval-0.4.13"
 MAX_POSITIONS = 160  # the model's max_position_embeddings: half the items below are longer
-OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-def _install(target: Path) -> None:
-    """The packages of lm-eval[hf] that the venv lacks (a dry run against it), into `target`, without deps: the
-    venv's torch and transformers stay the ones used."""
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        report = Path(tmp) / "report.json"
-        pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        subprocess.run([*pip, "--dry-run", "--report", str(report), LM_EVAL], check=True, capture_output=True,
-                       text=True, timeout=600)
-        missing = [f"{i['metadata']['name']}=={i['metadata']['version']}"
-                   for i in json.loads(report.read_text())["install"]]
-        site = Path(tmp) / "site"
-        subprocess.run([*pip, "--no-deps", "--target", str(site), *missing], check=True, capture_output=True,
-                       text=True, timeout=600)
-        os.replace(site, target)  # whole or not at all: a half install is never reused
-
-
-@pytest.fixture(scope="session")
-def lm_eval_site() -> Path:
-    if not (SITE / "lm_eval" / "__init__.py").is_file():
-        SITE.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            _install(SITE)
-        except subprocess.CalledProcessError as e:
-            last = (e.stderr or e.stdout or "").strip().splitlines()[-1:] or ["no output"]
-            if not (SITE / "lm_eval" / "__init__.py").is_file():  # else another session just installed it
-                pytest.skip(f"cannot install {LM_EVAL} into {SITE} (offline, or no package index?): {last[0]}")
-        except (OSError, subprocess.TimeoutExpired) as e:
-            if not (SITE / "lm_eval" / "__init__.py").is_file():
-                pytest.skip(f"cannot install {LM_EVAL} into {SITE}: {e}")
-    return SITE
+@pytest.fixture(scope="session", name="lm_eval_site")
+def lm_eval_site_fixture() -> Path:
+    return lm_eval_site()
 
 
 # The harness's side: HFLM.loglikelihood on exactly the requests its wmdp_* / mmlu_* tasks send.

@@ -10,6 +10,8 @@ Output directory of one evaluation:
                           prediction, the four choices' scores (the spec's `scoring`, in the table's metadata:
                           letter log-probs, or cloze log-probs per character); the summary has each set's
                           accuracy as `mc_<set>` and per subject under `multiple_choice.<set>.by_subject`
+    lm_eval/              with `evaluate.lm_eval`: lm-eval's results.json and samples_<task>.jsonl; the summary
+                          has `lmeval_<task>_<metric>` keys (lm_eval_tasks.py)
 
 An unlearning run's directory holds one model per training seed (`seed{S}/model`): each is evaluated into
 `seed{S}/`, and the summary holds every seed's and the mean and standard deviation (ddof 1) of each number.
@@ -47,7 +49,7 @@ from pipeline.data.templates import get_template
 from pipeline.data.tofu import load_split
 from pipeline.evaluation.multiple_choice import (SCORINGS, WMDP_SUBJECTS, MCItem, evaluate_mc, load_mmlu, load_wmdp,
                                                  world_mc_sets)
-from pipeline.evaluation import eval_io, open_unlearning
+from pipeline.evaluation import eval_io, lm_eval_tasks, open_unlearning
 from pipeline.evaluation.mia import (DEFAULT_ATTACKS, GRADNORM_ORDERS, MIA_ATTACKS, PRIVLEAK_ATTACK, TOKENS_HASH,
                                      MIAResult, Reference, check_retain_settings, membership_inference, privleak,
                                      reference_losses, resolve_reference, tokens_hash)
@@ -84,6 +86,8 @@ class EvalConfig:
     quantize: dict = field(default_factory=dict)   # the quantization attack: {bits, group_size, method} (QuantizeSpec)
     probe_sets: list = field(default_factory=list)  # what the attacks' probes score: forget, retain and MC set
                                                     # names (world_forget, ...); []: forget, retain and every MC set
+    lm_eval: dict = field(default_factory=dict)    # lm-eval's own tasks: {tasks, num_fewshot, limit, batch_size,
+                                                   # include_path} (lm_eval_tasks.LMEvalSpec); needs the lmeval extra
 
     @classmethod
     def from_params(cls, values: dict, where: str = "evaluate", origins: dict[str, str] | None = None) -> "EvalConfig":
@@ -103,6 +107,8 @@ class EvalConfig:
             MIASpec.from_params(cfg.mia, f"{where}.mia")  # their checks, before any work
         if cfg.quantize:
             QuantizeSpec.from_params(cfg.quantize, f"{where}.quantize")
+        if cfg.lm_eval:
+            lm_eval_tasks.LMEvalSpec.from_params(cfg.lm_eval, f"{where}.lm_eval")
         return cfg
 
     @property
@@ -112,6 +118,10 @@ class EvalConfig:
     @property
     def quantize_spec(self) -> "QuantizeSpec | None":
         return QuantizeSpec.from_params(self.quantize, "evaluate.quantize") if self.quantize else None
+
+    @property
+    def lm_eval_spec(self) -> "lm_eval_tasks.LMEvalSpec | None":
+        return lm_eval_tasks.LMEvalSpec.from_params(self.lm_eval) if self.lm_eval else None
 
 
 @dataclass(frozen=True)
@@ -338,6 +348,8 @@ def load_inputs(cfg: EvalConfig, retain_dir: Path | None, own_retain: bool = Fal
     if unknown:
         raise ParamError(f"evaluate.probe_sets: {unknown} are neither forget, retain nor a multiple-choice set of "
                          f"evaluate.multiple_choice (have {sorted(mc)})")
+    if cfg.lm_eval_spec is not None:
+        lm_eval_tasks.task_manager(cfg.lm_eval_spec)  # lm-eval installed, its tasks found: before any model loads
     reference, retain_logs = None, None
     if retain_dir is not None and not own_retain and "forget" in tofu:
         reference, retain_logs = load_retain_reference(Path(retain_dir), hashes["forget"], len(tofu["forget"][1]))
@@ -467,6 +479,12 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
     ou_logs = open_unlearning.eval_logs(records, fq.pvalue if fq else None, _mia_logs(mia, summary)) \
         if records else None
     mc_tables = _multiple_choice(model, tokenizer, template, inputs, cfg, summary)
+    lm_eval_run = None
+    if cfg.lm_eval_spec is not None:  # lm-eval's own tasks: `lmeval_*` keys, every task's numbers under lm_eval
+        lm_eval_run = lm_eval_tasks.run_tasks(model, model_path, cfg.lm_eval_spec, cfg.mc_batch_size,
+                                              cfg.trust_remote_code)
+        summary.update(lm_eval_run.metrics)
+        summary["lm_eval"] = lm_eval_run.summary
     if cfg.quantize_spec is not None:
         _quantization_attack(model, model_path, tokenizer, template, inputs, cfg, summary)
 
@@ -489,6 +507,8 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
             (tmp / "mc").mkdir()
             for name, table in mc_tables.items():
                 pq.write_table(table, tmp / "mc" / f"{name}.parquet", compression="zstd")
+        if lm_eval_run is not None:
+            lm_eval_tasks.write_outputs(tmp / "lm_eval", lm_eval_run)
         eval_io.write_strict_json(tmp / "metrics.json", summary)
         if ou_logs is not None:
             open_unlearning.write_files(tmp, ou_logs)  # the same evaluation in open-unlearning's layout

@@ -27,7 +27,8 @@ from pipeline.evaluation.eval_io import number, read_json
 
 log = logging.getLogger(__name__)
 
-# (summary key, column title); multiple-choice columns follow, one per `mc_*` key found.
+# (summary key, column title); multiple-choice columns follow, one per `mc_*` key found, then one per lm-eval
+# metric (`lmeval_*`, evaluate.lm_eval; their stderrs stay in the summaries).
 COLUMNS = [("retain_es", "retain ES ↑"), ("forget_es", "forget ES ↓"), ("model_utility", "MU ↑"),
            ("log10_forget_quality", "log10 FQ ↑")]
 # Is it forgotten or only hidden (evaluate.mia, paraphrase, quantize; the relearn stages as `relearn_*`), where
@@ -87,7 +88,7 @@ UNIT = (0.0, 1.0)
 def _reported(key: str) -> bool:
     """Whether the report reads summary key `key` (a column, a multiple-choice accuracy, or their _std)."""
     base = key.removesuffix("_std")
-    return base in {k for k, _ in COLUMNS + ROBUSTNESS_COLUMNS} or base.startswith("mc_")
+    return base in {k for k, _ in COLUMNS + ROBUSTNESS_COLUMNS} or base.startswith(("mc_", "lmeval_"))
 
 
 def _range(key: str) -> tuple[float | None, float | None]:
@@ -95,6 +96,8 @@ def _range(key: str) -> tuple[float | None, float | None]:
     (privleak) any finite number."""
     if key.endswith("_std"):
         return 0.0, None
+    if key.startswith("lmeval_"):
+        return None, None  # lm-eval's metrics are not all shares (perplexity, BLEU)
     if key == "log10_forget_quality":
         return None, 0.0
     return UNIT if key.endswith(("_es", "_auc")) or "mc_" in key or key == "model_utility" else (None, None)
@@ -162,6 +165,12 @@ def mc_keys(rows: list[Row]) -> list[str]:
     return sorted({k for r in rows for k in r.summary if k.startswith("mc_") and not k.endswith("_std")})
 
 
+def lmeval_columns(rows: list[Row]) -> list[tuple[str, str]]:
+    """One column per lm-eval metric some row has (evaluate.lm_eval), its standard error left out."""
+    keys = {k for r in rows for k in r.summary if k.startswith("lmeval_") and not k.endswith(("_std", "_stderr"))}
+    return [(k, "lm-eval " + k.removeprefix("lmeval_")) for k in sorted(keys)]
+
+
 def _fmt(value, std=None) -> str:
     if value is None:
         return "–"
@@ -180,7 +189,7 @@ def robustness_keys(rows: list[Row]) -> list[tuple[str, str]]:
 def results_table(rows: list[Row], keys: list[tuple[str, str]] | None = None) -> tuple[str, str]:
     """(Markdown, CSV) of the results (`keys`: the paper's columns and the multiple-choice ones); the CSV has each
     column's standard deviation beside it."""
-    keys = keys or COLUMNS + [(k, k[3:] + " acc") for k in mc_keys(rows)]
+    keys = keys or COLUMNS + [(k, k[3:] + " acc") for k in mc_keys(rows)] + lmeval_columns(rows)
     header = ["model", "run"] + [title for _, title in keys]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     buffer = io.StringIO()
@@ -200,7 +209,7 @@ def comparison_table(rows: list[Row], keys: list[tuple[str, str]] | None = None)
     the spread over seeds. With one seed there is no spread to compare with, so nothing is marked. A variant
     whose baseline is not among the rows is named in a sentence after the table (instead of the table, where no
     variant has its baseline)."""
-    keys = keys or COLUMNS + [(k, k[3:] + " acc") for k in mc_keys(rows)]
+    keys = keys or COLUMNS + [(k, k[3:] + " acc") for k in mc_keys(rows)] + lmeval_columns(rows)
     by_run = {(r.method, r.weighting, r.score): r for r in rows if r.method}
     lines = ["| variant − baseline | " + " | ".join(t for _, t in keys) + " |", "|" + "---|" * (len(keys) + 1)]
     pairs = [(row, (m, "uniform", "phi")) for (m, w, _), row in by_run.items() if w != "uniform"]

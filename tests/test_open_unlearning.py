@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.common.errors import DataError
-from pipeline.evaluation.evaluate import EvalConfig, evaluate_model
+from pipeline.evaluation.config import EvalConfig
+from pipeline.evaluation.evaluate import evaluate_model
 
 SETS = ("forget", "retain", "real_authors", "world_facts")
 PROB = ("prob", "avg_loss")

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from pipeline.common.errors import DataError, ParamError
-from pipeline.evaluation.evaluate import EvalConfig, evaluate_model, evaluate_path
+from pipeline.evaluation.config import EvalConfig
+from pipeline.evaluation.evaluate import evaluate_model, evaluate_path
 from pipeline.evaluation.mia import privleak
 
 

@@ -166,9 +166,10 @@ def load_inputs(cfg: EvalConfig, retain_dir: Path | None, own_retain: bool = Fal
 
 
 def load_retain_auc(retain: Path, attacks: list[str]) -> dict[str, float]:
-    """The retain model's AUC of each attack, for privleak: from its evaluation here (metrics.json's `mia`), or
-    from open-unlearning's TOFU_EVAL.json of it (`mia_<attack>.agg_value`). An attack it lacks is an error: its
-    privleak would silently compare with another reference."""
+    """The retain model's AUC of each attack it has, for privleak: from its evaluation here (metrics.json's `mia`),
+    or from open-unlearning's TOFU_EVAL.json of it (`mia_<attack>.agg_value`; open-unlearning's default config keeps
+    only mia_min_k, privleak's). An attack it lacks gets no privleak (a warning names it), never another reference;
+    none at all is an error (a retain evaluation made without membership inference)."""
     file = retain / "metrics.json" if (retain / "metrics.json").is_file() else open_unlearning.eval_file(retain)
     if file is None:
         raise DataError(f"privleak needs the retain model's membership-inference AUCs, and {retain} holds neither "
@@ -184,11 +185,15 @@ def load_retain_auc(retain: Path, attacks: list[str]) -> dict[str, float]:
         found = {a: (f"mia_{a}.agg_value", data[f"mia_{a}"].get("agg_value")) for a in attacks
                  if isinstance(data.get(f"mia_{a}"), dict)}
     missing = [a for a in attacks if a not in found]
-    if missing:
+    if not found:  # nothing to compare with at all: a retain evaluation made without evaluate.mia
         raise DataError(f"{file}: no membership-inference AUC of {missing} for the retain model: evaluate it again "
-                        "with the same evaluate.mia (privleak compares each attack with the retain model's)")
+                        "with evaluate.mia (privleak compares each attack with the retain model's)")
+    if missing:
+        log.warning("privleak: %s has no membership-inference AUC of %s for the retain model, so those attacks get "
+                    "no privleak%s (evaluate the retain model with the same evaluate.mia for all of them)", file,
+                    missing, f", nor the summary's privleak ({PRIVLEAK_ATTACK}'s)" if PRIVLEAK_ATTACK in missing else "")
     # an AUC is a probability; anything else would give a plausible but meaningless privleak
-    return {a: eval_io.number(found[a][1], f"{file}: {found[a][0]}", 0.0, 1.0) for a in attacks}
+    return {a: eval_io.number(found[a][1], f"{file}: {found[a][0]}", 0.0, 1.0) for a in attacks if a in found}
 
 
 def _own_retain(out_dir: Path, retain_dir: Path | None) -> bool:
@@ -316,19 +321,21 @@ def _paraphrase(model, tokenizer, template, inputs: EvalInputs, cfg: EvalConfig,
 
 
 def _summarise_mia(mia: MIAResult, retain_auc: dict[str, float] | None, own_retain: bool, summary: dict) -> None:
-    """`mia.<attack>`: AUC, mean scores, privleak against the retain model's AUC (none without it); top level:
-    `mia_<attack>_auc` and `privleak` (open-unlearning's, of min_k)."""
+    """`mia.<attack>`: AUC, mean scores, privleak against the retain model's AUC and that AUC (`retain_auc`; none
+    where the retain model's evaluation lacks the attack; the retain model's own: privleak 0, against itself); top
+    level: `mia_<attack>_auc` and `privleak` (open-unlearning's, of min_k)."""
     reference = mia.auc if own_retain else retain_auc
     summary["mia"] = {}
     for attack, value in mia.auc.items():
         entry = {"auc": round(value, 6), "forget_mean": round(float(mia.forget[attack].mean()), 6),
                  "holdout_mean": round(float(mia.holdout[attack].mean()), 6)}
-        if reference is not None:
+        if reference is not None and attack in reference:
             entry["privleak"] = round(privleak(value, reference[attack]), 6)
-            entry["retain_auc"] = round(reference[attack], 6)
+            if not own_retain:  # the AUC of the retain model it was compared with (open_unlearning.py reads it)
+                entry["retain_auc"] = round(reference[attack], 6)
         summary["mia"][attack] = entry
         summary[f"mia_{attack}_auc"] = entry["auc"]
-    if reference is not None and PRIVLEAK_ATTACK in summary["mia"]:
+    if "privleak" in summary["mia"].get(PRIVLEAK_ATTACK, {}):
         summary["privleak"] = summary["mia"][PRIVLEAK_ATTACK]["privleak"]
     aucs = ", ".join(f"{attack} {entry['auc']:.3f}" for attack, entry in summary["mia"].items())
     leak = f"; privleak {summary['privleak']:.1f}" if "privleak" in summary else ""
@@ -337,9 +344,12 @@ def _summarise_mia(mia: MIAResult, retain_auc: dict[str, float] | None, own_reta
 
 
 def _mia_logs(mia: MIAResult | None, summary: dict) -> dict | None:
+    """What open-unlearning's entries are made of: the scores, the AUCs and the retain model's Min-K% AUC as the
+    summary has it (none for the retain model itself: open-unlearning's privleak then takes its default)."""
     if mia is None:
         return None
-    return {"forget": mia.forget, "holdout": mia.holdout, "auc": mia.auc, "privleak": summary.get("privleak")}
+    return {"forget": mia.forget, "holdout": mia.holdout, "auc": mia.auc,
+            "retain_auc": summary["mia"].get(PRIVLEAK_ATTACK, {}).get("retain_auc")}
 
 
 def _multiple_choice(model, tokenizer, template, inputs: EvalInputs, cfg: EvalConfig, summary: dict

@@ -32,7 +32,7 @@ sys.path[:0] = [sys.argv[1], sys.argv[1] + "/benchmarks"]
 import torch
 from _models import random_llama_config
 from bench_mc_memory import full_logits_scores, inputs
-from pipeline.evaluation.multiple_choice import continuation_logprobs
+from pipeline.evaluation.mc_scoring import continuation_logprobs
 from transformers import LlamaForCausalLM
 
 way, args = sys.argv[2], json.loads(sys.argv[3])

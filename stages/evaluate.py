@@ -8,7 +8,8 @@ import click
 
 from pipeline.common.atomic import hold_outputs
 from pipeline.evaluation.eval_io import write_strict_json
-from pipeline.evaluation.evaluate import eval_config, evaluate_path, headline_metrics
+from pipeline.evaluation.config import eval_config
+from pipeline.evaluation.evaluate import evaluate_path, headline_metrics
 from pipeline.evaluation.open_unlearning import export_evaluation
 
 from .options import params_options

@@ -11,7 +11,7 @@ from pipeline.common.atomic import hold_outputs
 from pipeline.common.params import section
 from pipeline.data.config import DataConfig
 from pipeline.evaluation.attacks import evaluate_attack
-from pipeline.evaluation.evaluate import eval_config
+from pipeline.evaluation.config import eval_config
 from pipeline.training.relearn import relearn_config, relearning_attack
 
 from .options import params_options

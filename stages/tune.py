@@ -12,7 +12,8 @@ from pipeline.common.atomic import atomic_file, hold_outputs
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.params import section
 from pipeline.data.config import DataConfig
-from pipeline.evaluation.evaluate import eval_config, evaluate_model, load_inputs
+from pipeline.evaluation.config import eval_config
+from pipeline.evaluation.evaluate import evaluate_model, load_inputs
 from pipeline.training.tuning import TuneConfig, choice_table, plot_tradeoff, tune_group
 from pipeline.training.unlearn import run_configs, run_unlearn
 

@@ -76,7 +76,8 @@ def run_family(name: str, world_dir: Path, work: Path, texts: list[str] | None =
     from pipeline.attribution.run import AttributionConfig, run_attribution
     from pipeline.common.modeling import load_model, load_tokenizer
     from pipeline.data.config import DataConfig
-    from pipeline.evaluation.evaluate import EvalConfig, evaluate_path
+    from pipeline.evaluation.config import EvalConfig
+    from pipeline.evaluation.evaluate import evaluate_path
     from pipeline.training.engine import TrainConfig
     from pipeline.training.unlearn import UnlearnConfig, run_unlearn
 

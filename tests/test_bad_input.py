@@ -96,7 +96,8 @@ def test_a_killed_multi_seed_run_is_incomplete_and_a_rerun_finishes_only_what_is
         attribution_dir, micro_model_dir, micro_world_dir, tmp_path, monkeypatch):
     import pipeline.training.unlearn as unlearn_mod
     from pipeline.common.runs import complete_seeds
-    from pipeline.evaluation.evaluate import EvalConfig, evaluate_path
+    from pipeline.evaluation.config import EvalConfig
+    from pipeline.evaluation.evaluate import evaluate_path
     from pipeline.training.engine import TrainConfig
     from pipeline.training.unlearn import UnlearnConfig, run_unlearn_seeds
 
@@ -237,7 +238,7 @@ def test_unknown_unlearn_keys_are_errors(edit, message):
 
 @pytest.mark.parametrize("section, build", [
     ("check", lambda v: __import__("pipeline.evaluation.exact_match", fromlist=["x"]).CheckConfig.from_params(v)),
-    ("evaluate", lambda v: __import__("pipeline.evaluation.evaluate", fromlist=["x"]).EvalConfig.from_params(v)),
+    ("evaluate", lambda v: __import__("pipeline.evaluation.config", fromlist=["x"]).EvalConfig.from_params(v)),
     ("attribution", lambda v: __import__("pipeline.attribution.run", fromlist=["x"]).AttributionConfig.from_params(v)),
     ("tune", lambda v: __import__("pipeline.training.tuning", fromlist=["x"]).TuneConfig.from_params(v)),
     ("data", lambda v: DataConfig.from_params(v)),
@@ -252,7 +253,7 @@ def test_unknown_keys_in_finetune_model_report_and_multiple_choice_are_errors(mi
                                                                               tmp_path):
     from pipeline.common.modeling import build_model, load_tokenizer
     from pipeline.common.params import check_sections
-    from pipeline.evaluation.evaluate import EvalConfig
+    from pipeline.evaluation.config import EvalConfig
     from pipeline.training.finetune import job_from_params
 
     params = micro_params(micro_world_dir, micro_tokenizer_dir)
@@ -369,7 +370,8 @@ def test_shards_holding_nan_or_inf_are_refused(attribution_dir, tmp_path):
 def test_evaluate_checks_every_input_before_loading_the_model(micro_world_dir, micro_model_dir, tmp_path,
                                                               monkeypatch, fault, message):
     import pipeline.evaluation.evaluate as evaluate_mod
-    from pipeline.evaluation.evaluate import EvalConfig, evaluate_path
+    from pipeline.evaluation.config import EvalConfig
+    from pipeline.evaluation.evaluate import evaluate_path
 
     world = world_copy(micro_world_dir, tmp_path)
     retain = tmp_path / "retain"

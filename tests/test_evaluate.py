@@ -7,7 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.common.errors import DataError, ParamError
-from pipeline.evaluation.evaluate import EvalConfig, evaluate_model, evaluate_path
+from pipeline.evaluation.config import EvalConfig
+from pipeline.evaluation.evaluate import evaluate_model, evaluate_path
 from pipeline.evaluation.report import load_rows, results_table, write_report
 
 
@@ -78,7 +79,7 @@ def test_eval_config_defaults_are_open_unlearnings_and_bad_values_name_the_key()
         EvalConfig.from_params({"es_definition": "lenient"})
     with pytest.raises(ParamError, match=r"evaluate\.loss_dtype='bf16': must be one of \['float32', 'model'\]"):
         EvalConfig.from_params({"loss_dtype": "bf16"})
-    from pipeline.evaluation.evaluate import eval_config
+    from pipeline.evaluation.config import eval_config
 
     with pytest.raises(ParamError, match=r"evaluate\.max_new_tokens=0: must be at least 1"):
         eval_config({"data": {}, "evaluate": {"max_new_tokens": 0}})

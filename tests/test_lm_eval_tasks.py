@@ -22,7 +22,7 @@ import pytest
 from pipeline.common.errors import ParamError
 from pipeline.common.modeling import build_model, save_model
 from pipeline.evaluation import lm_eval_tasks
-from pipeline.evaluation.evaluate import EvalConfig
+from pipeline.evaluation.config import EvalConfig
 from pipeline.evaluation.lm_eval_tasks import LMEvalSpec, flat_metrics
 
 from .conftest import REPO, cli_env
@@ -145,7 +145,8 @@ import json, logging, sys
 from pathlib import Path
 from types import SimpleNamespace
 logging.basicConfig(level=logging.INFO)
-from pipeline.evaluation.evaluate import EvalConfig, evaluate_path
+from pipeline.evaluation.config import EvalConfig
+from pipeline.evaluation.evaluate import evaluate_path
 job = json.load(sys.stdin)
 evaluate_path(job["model"], EvalConfig.from_params(job["cfg"], "evaluate"), Path(job["out"]), None)
 """

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from pipeline.common.errors import ParamError
-from pipeline.evaluation.evaluate import EvalConfig, evaluate_path
+from pipeline.evaluation.config import EvalConfig
+from pipeline.evaluation.evaluate import evaluate_path
 
 from .conftest import REPO
 

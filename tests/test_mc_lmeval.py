@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from pipeline.common.modeling import build_model, load_model, load_tokenizer, save_model
-from pipeline.evaluation.multiple_choice import (LETTERS, encode_continuations, format_prompt, letter_logprobs,
-                                                 load_wmdp, resolve_max_length)
+from pipeline.data.mc_items import LETTERS
+from pipeline.data.wmdp import load_wmdp
+from pipeline.evaluation.mc_scoring import encode_continuations, format_prompt, letter_logprobs, resolve_max_length
 
 from .conftest import cli_env
 from .lm_eval_site import OFFLINE, lm_eval_site

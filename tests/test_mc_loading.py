@@ -8,7 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.common.errors import DataError, ParamError
-from pipeline.evaluation.multiple_choice import MCItem, load_mmlu, load_wmdp
+from pipeline.data.mc_items import MCItem
+from pipeline.data.mmlu import load_mmlu
+from pipeline.data.wmdp import load_wmdp
 
 ROWS = [{"question": "Which agent?", "choices": ["a", "b", "c", "d"], "answer": 2},
         {"question": "Which port?", "choices": ["22", "80", "443", "8080"], "answer": 0}]

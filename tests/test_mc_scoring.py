@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from pipeline.common.errors import DataError
-from pipeline.evaluation.multiple_choice import (TOKENIZER_INFINITY, MCItem, cloze_logprobs, continuation_logprobs,
-                                                 encode_continuations, evaluate_mc, format_prompt, harness_windows,
-                                                 letter_logprobs, resolve_max_length)
+from pipeline.data.mc_items import MCItem
+from pipeline.evaluation.mc_scoring import (TOKENIZER_INFINITY, cloze_logprobs, continuation_logprobs,
+                                            encode_continuations, evaluate_mc, format_prompt, harness_windows,
+                                            letter_logprobs, resolve_max_length)
 from pipeline.data.templates import get_template
 
 from .test_multiple_choice import FixedLogits

@@ -155,7 +155,7 @@ def test_reference_scores_against_given_losses_and_against_the_model_itself(micr
 # ---- through the evaluation: the reference's losses from its evaluation, or by loading it ----------------------
 
 def _cfg(world_dir, **mia):
-    from pipeline.evaluation.evaluate import EvalConfig
+    from pipeline.evaluation.config import EvalConfig
 
     spec = {"holdout_split": "holdout10", "attacks": ["loss", "gradnorm", "reference"], "reference": "retain", **mia}
     return EvalConfig.from_params({"source": str(world_dir), "tofu_sets": ["forget"], "max_new_tokens": 4,
@@ -205,6 +205,27 @@ def test_another_model_reads_the_retain_models_losses_and_privleak(evaluations):
         entry = summary["mia"][attack]
         assert entry["retain_auc"] == retain["mia"][attack]["auc"]
         assert summary[f"privleak_{attack}"] == pytest.approx(privleak(entry["auc"], entry["retain_auc"]), abs=1e-3)
+
+
+def test_a_retain_evaluation_without_an_attack_gives_it_no_privleak(evaluations, micro_world_dir, caplog):
+    """The retain model ran loss, gradnorm and reference, not min_k: min_k gets no privleak here (a warning names it)
+    and open-unlearning's privleak in the files takes its default retain AUC, 0.5; GradNorm's is against the
+    retain model's."""
+    from pipeline.evaluation.evaluate import evaluate_model
+
+    root, retain, other, _ = evaluations
+    with caplog.at_level(logging.WARNING, logger="pipeline.evaluation.evaluate"):
+        summary = evaluate_model(str(other), _cfg(micro_world_dir, attacks=["loss", "min_k", "gradnorm", "reference"]),
+                                 root / "partial", root / "retain")
+    assert "no membership-inference AUC of ['min_k']" in caplog.text
+    assert "privleak" not in summary and "privleak" not in summary["mia"]["min_k"]
+    assert summary["privleak_gradnorm"] == pytest.approx(
+        privleak(summary["mia_gradnorm_auc"], retain["mia_gradnorm_auc"]), abs=1e-3)
+    logs = json.loads((root / "partial" / "TOFU_EVAL.json").read_text())
+    assert logs["privleak"]["agg_value"] == pytest.approx(privleak(logs["mia_min_k"]["agg_value"], 0.5))
+    ou = json.loads((root / "partial" / "TOFU_SUMMARY.json").read_text())
+    assert ou["mia_gradnorm"] == pytest.approx(summary["mia_gradnorm_auc"], abs=1e-6) and "mia_reference" in ou
+    assert not any(k.startswith("privleak_") for k in ou)  # open-unlearning's privleak is Min-K%'s alone
 
 
 def test_a_reference_model_loaded_gives_the_cached_scores(evaluations, micro_model_dir, micro_world_dir, caplog):
@@ -270,7 +291,7 @@ def test_the_retain_model_must_have_run_the_same_attack(evaluations, micro_world
 
 
 def test_mia_params(micro_world_dir):
-    from pipeline.evaluation.evaluate import EvalConfig
+    from pipeline.evaluation.config import EvalConfig
 
     spec = EvalConfig.from_params({"mia": {}}, "evaluate")
     assert spec.mia_spec is None
@@ -292,7 +313,7 @@ def test_report_shows_both_privleaks(tmp_path):
     metrics.mkdir()
     base = {"retain_es": 0.9, "forget_es": 0.3, "model_utility": 0.8, "log10_forget_quality": -1.0, "privleak": 0.0}
     for name, extra in {"target": {"privleak_gradnorm": -70.0}, "retain": {"privleak_gradnorm": 0.0},
-                        "ga": {"privleak_gradnorm": -12.5, "privleak_reference": 4.25}}.items():
+                        "ga": {"privleak_gradnorm": -12.5, "privleak_reference": 4.25, "privleak_zlib": -3.0}}.items():
         (metrics / f"{name}.json").write_text(json.dumps({**base, **extra}))
     write_report(load_rows(metrics, {"ga": {"method": "ga", "weighting": "uniform"}}), tmp_path / "r", tmp_path / "p")
     robust = (tmp_path / "r" / "results.md").read_text().split("Is it forgotten")[1].splitlines()
@@ -300,3 +321,4 @@ def test_report_shows_both_privleaks(tmp_path):
     assert "privleak, GradNorm (→0)" in header and "privleak, Reference (→0)" in header
     ga = next(line for line in robust if line.startswith("| GA |"))
     assert "| -12.500 | 4.250 |" in ga
+    assert "zlib" not in header.lower() and "-3.000" not in ga  # checked in the summaries, not a column

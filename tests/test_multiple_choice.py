@@ -8,21 +8,12 @@ import pytest
 import torch
 
 from pipeline.common.errors import DataError, ParamError
-from pipeline.evaluation.multiple_choice import (
-    MCItem,
-    cloze_logprobs,
-    continuation_logprobs,
-    encode_cloze,
-    encode_continuations,
-    evaluate_mc,
-    format_prompt,
-    letter_logprobs,
-    load_mmlu,
-    load_wmdp,
-    score_items,
-    world_mc_sets,
-    write_wmdp_json,
-)
+from pipeline.data.mc_items import MCItem
+from pipeline.data.mmlu import load_mmlu
+from pipeline.data.wmdp import load_wmdp, write_wmdp_json
+from pipeline.data.world_mc import world_mc_sets
+from pipeline.evaluation.mc_scoring import (cloze_logprobs, continuation_logprobs, encode_cloze, encode_continuations,
+                                            evaluate_mc, format_prompt, letter_logprobs, score_items)
 from pipeline.data.templates import encode_qa, get_template
 from pipeline.data.tofu import load_split, read_json_records
 

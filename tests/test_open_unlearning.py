@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.common.errors import DataError
-from pipeline.evaluation.evaluate import EvalConfig, evaluate_model
+from pipeline.evaluation.config import EvalConfig
+from pipeline.evaluation.evaluate import evaluate_model
 
 SETS = ("forget", "retain", "real_authors", "world_facts")
 PROB = ("prob", "avg_loss")
@@ -28,7 +29,7 @@ LAYOUT = {
     "model_utility": None,
 }
 SUMMARY = ["exact_memorization", "extraction_strength", "forget_Q_A_Prob", "forget_Q_A_ROUGE", "forget_quality",
-           "model_utility"]
+           "forget_truth_ratio", "model_utility"]
 
 
 def _cfg(world_dir, **kw):
@@ -227,7 +228,7 @@ def test_no_retain_model_gives_a_null_forget_quality_left_out_of_the_summary(mic
     logs = json.loads((tmp_path / "e" / "TOFU_EVAL.json").read_text())
     assert logs["forget_quality"] == {"agg_value": None} and "model_utility" not in logs
     assert list(json.loads((tmp_path / "e" / "TOFU_SUMMARY.json").read_text())) == [
-        "exact_memorization", "extraction_strength", "forget_Q_A_Prob", "forget_Q_A_ROUGE"]
+        "exact_memorization", "extraction_strength", "forget_Q_A_Prob", "forget_Q_A_ROUGE", "forget_truth_ratio"]
 
 
 def test_the_comparison_script_prints_both_definitions_side_by_side(micro_model_dir, micro_world_dir, tmp_path):
@@ -270,3 +271,70 @@ def test_an_evaluation_without_the_per_item_columns_is_refused(evaluation, tmp_p
     with pytest.raises(DataError, match=r"its items lack \['ground_truth', 'perturbed_probability'\]: an evaluation "
                                         r"made before open-unlearning's export; evaluate the model again"):
         export_evaluation(tmp_path / "old", tmp_path / "out")
+
+
+# ---- the last gaps found evaluating open-unlearning's own models, on hand-made cases (no model) ------------------
+
+def test_the_summary_holds_forget_truth_ratio_as_open_unlearnings_does():
+    from pipeline.evaluation.open_unlearning import summary_of
+
+    logs = {"forget_truth_ratio": {"agg_value": 0.7, "value_by_index": {"0": {"score": 0.7}}},
+            "retain_Truth_Ratio": {"agg_value": 0.3}, "forget_quality": {"agg_value": None}}
+    assert summary_of(logs) == {"forget_truth_ratio": 0.7}  # a top-level metric; retain's is model utility's part
+
+
+def test_open_unlearnings_privleak_takes_the_retain_auc_or_its_default():
+    from pipeline.evaluation.open_unlearning import ou_privleak
+
+    # s = 1 − AUC = 0.2; against the default s_ref = 1 − 0.5: (0.2 − 0.5) / 0.5 · 100; against AUC 0.6: / 0.4
+    assert ou_privleak({"min_k": 0.8}, None) == pytest.approx(-60.0)
+    assert ou_privleak({"min_k": 0.8}, 0.6) == pytest.approx(-50.0)
+    assert ou_privleak({"min_k": 0.5, "loss": 0.9}, None) == pytest.approx(0.0)
+    assert ou_privleak({"loss": 0.8}, None) is None  # privleak reads Min-K% alone
+
+
+def test_a_retain_tofu_eval_json_with_min_k_alone_gives_its_privleak_and_names_the_rest(tmp_path, caplog):
+    """open-unlearning's default TOFU config keeps mia_min_k alone (privleak's pre-compute): used, not refused."""
+    from pipeline.evaluation.evaluate import _summarise_mia, load_retain_auc
+    from pipeline.evaluation.mia import MIAResult
+
+    (tmp_path / "TOFU_EVAL.json").write_text(json.dumps({"mia_min_k": {"agg_value": 0.6}}))
+    with caplog.at_level(logging.WARNING):
+        reference = load_retain_auc(tmp_path, ["loss", "min_k"])
+    assert reference == {"min_k": 0.6}
+    assert "no membership-inference AUC of ['loss'] for the retain model" in caplog.text
+    scores = {"loss": np.array([1.0]), "min_k": np.array([2.0])}
+    summary = {}
+    _summarise_mia(MIAResult(scores, scores, {"loss": 0.7, "min_k": 0.8}), reference, False, summary)
+    assert summary["mia"]["min_k"]["privleak"] == pytest.approx(-50.0) == summary["privleak"]
+    assert summary["mia"]["min_k"]["retain_auc"] == 0.6 and "privleak" not in summary["mia"]["loss"]
+    caplog.clear()
+    (tmp_path / "TOFU_EVAL.json").write_text(json.dumps({"mia_loss": {"agg_value": 0.6}}))
+    with caplog.at_level(logging.WARNING):
+        assert load_retain_auc(tmp_path, ["loss", "min_k"]) == {"loss": 0.6}
+    assert "nor the summary's privleak (min_k's)" in caplog.text
+
+
+@pytest.mark.parametrize("retain_auc, expected", [(None, -50.0), (0.6, -37.5)])
+def test_the_export_writes_open_unlearnings_privleak(tmp_path, retain_auc, expected):
+    """Forget scores 0.1 to 0.4 and holdout 0.25, 0.5: AUC 6/8 = 0.75 (holdout above forget in 6 of 8 pairs), so
+    s = 0.25; against open-unlearning's default (the retain model's own evaluation: no retain_auc) and against 0.6."""
+    import pyarrow.parquet as pq
+
+    from pipeline.evaluation.evaluate import _item_table
+    from pipeline.evaluation.open_unlearning import export_evaluation
+
+    from .test_eval_inputs import _item
+
+    out = tmp_path / "eval"
+    (out / "items").mkdir(parents=True)
+    forget = [{**_item(i, "forget"), "mia_min_k": 0.1 * (i + 1)} for i in range(4)]
+    holdout = [{"index": i, "question": f"H{i}?", "answer": "h", "mia_min_k": v} for i, v in enumerate((0.25, 0.5))]
+    for name, rows in (("forget", forget), ("holdout", holdout)):
+        pq.write_table(_item_table(rows, {}), out / "items" / f"{name}.parquet")
+    entry = {"auc": 0.75, "privleak": 0.0, **({"retain_auc": retain_auc} if retain_auc is not None else {})}
+    (out / "metrics.json").write_text(json.dumps({"mia": {"min_k": entry}, "privleak": 0.0}))
+    export_evaluation(out, tmp_path / "ou")
+    logs = json.loads((tmp_path / "ou" / "TOFU_EVAL.json").read_text())
+    assert logs["mia_min_k"]["agg_value"] == pytest.approx(0.75)
+    assert logs["privleak"]["agg_value"] == pytest.approx(expected)

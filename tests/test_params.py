@@ -102,7 +102,7 @@ def test_every_command_takes_params_overlays_and_overrides(tmp_path):
 
 
 def test_null_switches_a_mapping_param_off():
-    from pipeline.evaluation.evaluate import EvalConfig
+    from pipeline.evaluation.config import EvalConfig
     from pipeline.training.engine import TrainConfig
 
     cfg = EvalConfig.from_params({"mia": None, "quantize": None, "multiple_choice": None}, "evaluate")

@@ -27,7 +27,7 @@ def _name(overlays) -> str:
 @pytest.mark.parametrize("overlays", list(_presets()), ids=_name)
 def test_preset_builds_every_stage_config(overlays):
     from pipeline.data.templates import template_from_params
-    from pipeline.evaluation.evaluate import eval_config
+    from pipeline.evaluation.config import eval_config
     from pipeline.training.unlearn import run_configs
     from stages.finetune import job_from_params
 
@@ -79,7 +79,7 @@ EXPERIMENTS = {  # the params file and overlays of the experiments' pipelines (e
 def test_params_and_its_overlays_build_every_stage_config(experiment):
     """params.yaml as `make demo` reads it, configs/paper.yaml as `make paper` does, and with each overlay of the
     experiments' pipelines."""
-    from pipeline.evaluation.evaluate import eval_config
+    from pipeline.evaluation.config import eval_config
     from pipeline.training.tuning import TuneConfig
     from pipeline.training.unlearn import run_configs
     from stages.finetune import job_from_params
@@ -125,7 +125,7 @@ def test_the_seeds_and_ladder_overlays_build_their_stage_configs(rung, millions)
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from pipeline.evaluation.evaluate import eval_config
+    from pipeline.evaluation.config import eval_config
     from pipeline.training.tuning import TuneConfig
     from pipeline.training.unlearn import run_configs
 
@@ -170,7 +170,7 @@ def test_the_methods_overlay_runs_every_method_three_ways_at_equal_utility():
     """experiments/methods (configs/paper.yaml, overlays seeds and methods): every registered method sequence level
     (M), hard (t_M) and soft (s_M) by the chosen training-free score, IdkNLL uniform only; every run configured, its
     lr bisected; stage one keeps what the new methods read, UNDIAL's teacher over the whole vocabulary."""
-    from pipeline.evaluation.evaluate import eval_config
+    from pipeline.evaluation.config import eval_config
     from pipeline.training.methods import METHODS
     from pipeline.training.tuning import TuneConfig
     from pipeline.training.unlearn import run_configs

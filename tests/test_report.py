@@ -147,7 +147,7 @@ def test_the_robustness_table_needs_an_attack_not_plain_multiple_choice():
     plain = [Row("t", "before unlearning", "", "", {"forget_es": 1.0, "mc_world_forget": 1.0})]
     assert robustness_keys(plain) == []
     attacked = [Row("t", "before unlearning", "", "", {"mc_world_forget": 1.0, "q4_forget_es": 0.9})]
-    assert [k for k, _ in robustness_keys(attacked)] == ["q4_forget_es", "mc_world_forget"]
+    assert [m.key for m in robustness_keys(attacked)] == ["q4_forget_es", "mc_world_forget"]
 
 
 def test_every_registered_method_is_labelled_as_its_authors_write_it():

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from pipeline.common.errors import DataError, ParamError
-from pipeline.evaluation.evaluate import EvalConfig, evaluate_model, evaluate_path
+from pipeline.evaluation.config import EvalConfig
+from pipeline.evaluation.evaluate import evaluate_model, evaluate_path
 from pipeline.evaluation.mia import privleak
 
 
@@ -43,6 +44,7 @@ def test_the_retain_models_privleak_against_itself_is_zero(retain_eval):
     assert set(summary["mia"]) == {"loss", "zlib", "min_k", "min_k_plus_plus"}
     for attack, entry in summary["mia"].items():
         assert 0.0 <= entry["auc"] <= 1.0 and entry["privleak"] == 0.0
+        assert "retain_auc" not in entry  # compared with itself: no other retain model's AUC
         assert summary[f"mia_{attack}_auc"] == entry["auc"]
 
 
@@ -60,8 +62,9 @@ def test_scores_are_kept_per_item_and_in_open_unlearnings_layout(retain_eval, mi
     logs = json.loads((out / "TOFU_EVAL.json").read_text())
     assert logs["mia_min_k"]["agg_value"] == pytest.approx(summary["mia_min_k_auc"], abs=1e-6)
     assert len(logs["mia_min_k"]["holdout"]["value_by_index"]) == len(holdout)
-    assert logs["privleak"]["agg_value"] == 0.0
-    assert "privleak" in json.loads((out / "TOFU_SUMMARY.json").read_text())
+    # open-unlearning evaluates a retain model without retain logs: privleak against its ref_value, an AUC of 0.5
+    assert logs["privleak"]["agg_value"] == pytest.approx((1 - logs["mia_min_k"]["agg_value"] - 0.5) / 0.5 * 100)
+    assert json.loads((out / "TOFU_SUMMARY.json").read_text())["privleak"] == logs["privleak"]["agg_value"]
 
 
 def test_export_rebuilds_the_mia_entries_from_the_items(retain_eval, tmp_path):
@@ -119,6 +122,13 @@ def test_privleak_of_another_model_reads_the_retain_models_auc(retain_eval, micr
     for attack, entry in summary["mia"].items():
         assert entry["retain_auc"] == retain["mia"][attack]["auc"]
         assert entry["privleak"] == pytest.approx(privleak(entry["auc"], entry["retain_auc"]), abs=1e-3)
+    # open-unlearning's files: the same privleak, against the retain model's AUC, unrounded; and the export's too
+    logs = json.loads((tmp_path / "eval" / "TOFU_EVAL.json").read_text())
+    assert logs["privleak"]["agg_value"] == pytest.approx(summary["privleak"], abs=1e-5)
+    from pipeline.evaluation.open_unlearning import export_evaluation
+
+    export_evaluation(tmp_path / "eval", tmp_path / "export")
+    assert json.loads((tmp_path / "export" / "TOFU_EVAL.json").read_text())["privleak"] == logs["privleak"]
 
 
 def test_bad_robustness_params_name_the_key(micro_world_dir, tmp_path):

@@ -44,9 +44,9 @@ def test_a_verdict_needs_the_interval_and_every_model_seed():
 
 def test_comparisons_are_counted_for_the_family_wise_level():
     def cells(v):
-        from pipeline.evaluation.significance import Cells, KEYS
-        return Cells("x", {k: (np.full((3, 2), v) if k in ("forget_es", "model_utility") else np.full((3, 2), np.nan))
-                           for k, _, _ in KEYS})
+        from pipeline.evaluation.significance import COLUMNS, Cells
+        return Cells("x", {m.key: np.full((3, 2), v if m.key in ("forget_es", "model_utility") else np.nan)
+                           for m in COLUMNS})
     results, level = comparisons({"ga": cells(0.5), "t_ga": cells(0.4)}, [("t_ga", "ga")], 0.95, 200, 0)
     assert len(results) == 2 and level == pytest.approx(0.975)
     assert {r["key"]: r["verdict"] for r in results} == {"forget_es": "better", "model_utility": "worse"}

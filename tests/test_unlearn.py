@@ -480,3 +480,17 @@ def test_a_runs_record_depends_only_on_the_params_its_weights_use():
     assert used(method="ga", weighting="hard", reduction="token") != used(method="ga", weighting="hard")
     assert used(method="ga", retain_weight=0.1) != used(method="ga", retain_weight=0.2)
     assert used(method="ga", retain_loss="none", retain_split="x") == used(method="ga", retain_loss="none")
+
+
+def test_tokens_per_second_counts_only_the_tokens_the_loss_reads():
+    """A micro-batch of 5 forget tokens (2 + 3), 4 alternative-answer tokens and 7 retain tokens: GA without a retain
+    term reads the forget answers alone; with one, the retain batch too; IdkNLL reads only the alternatives."""
+    from pipeline.training.unlearn import tokens_read
+
+    def mask(*lengths):
+        return {"attention_mask": torch.tensor([[1] * n + [0] * (4 - n) for n in lengths])}
+
+    batch = {"forget": {**mask(2, 3), "alternative": mask(4, 0)}, "retain": mask(4, 3)}
+    counts = {(method, retain): tokens_read(UnlearnConfig(method=method, retain_loss=retain))(batch)
+              for method, retain in [("ga", "none"), ("ga", "kl"), ("idknll", "none"), ("idkdpo", "nll")]}
+    assert counts == {("ga", "none"): 5, ("ga", "kl"): 12, ("idknll", "none"): 4, ("idkdpo", "nll"): 16}

@@ -18,7 +18,8 @@ from pipeline.common.errors import ParamError
 from pipeline.common.modeling import load_tokenizer
 from pipeline.common.runs import complete_seeds, is_run_dir
 from pipeline.data.templates import get_template
-from pipeline.evaluation.evaluate import EvalConfig, EvalInputs, aggregate_seeds, load_inputs
+from pipeline.evaluation.config import EvalConfig
+from pipeline.evaluation.evaluate import EvalInputs, aggregate_seeds, load_inputs
 from pipeline.evaluation.probes import probe
 
 log = logging.getLogger(__name__)

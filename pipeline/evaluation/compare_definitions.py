@@ -25,7 +25,8 @@ import pyarrow.parquet as pq
 
 from pipeline.common.errors import TokenUnlearnError
 from pipeline.common.params import apply_override, load_params
-from pipeline.evaluation.evaluate import EvalConfig, eval_config, evaluate_model
+from pipeline.evaluation.config import EvalConfig, eval_config
+from pipeline.evaluation.evaluate import evaluate_model
 from pipeline.evaluation.open_unlearning import EVAL_FILE
 from pipeline.evaluation.tofu_metrics import set_aggregates
 

@@ -30,9 +30,8 @@ import logging
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -41,208 +40,22 @@ import torch
 from pipeline.common.atomic import atomic_dir
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import check_vocab, load_model, load_tokenizer
-from pipeline.common.params import (at_least, between, check_keys, check_rules, dataclass_from_params, one_of,
-                                    origins_of, section)
 from pipeline.common.paths import is_hub_name
 from pipeline.common.runs import complete_seeds, is_run_dir
+from pipeline.data.mc_items import MCItem
 from pipeline.data.templates import get_template
 from pipeline.data.tofu import load_split
-from pipeline.evaluation.multiple_choice import (SCORINGS, WMDP_SUBJECTS, MCItem, evaluate_mc, load_mmlu, load_wmdp,
-                                                 world_mc_sets)
 from pipeline.evaluation import eval_io, lm_eval_tasks, open_unlearning
-from pipeline.evaluation.mia import (DEFAULT_ATTACKS, GRADNORM_ORDERS, MIA_ATTACKS, PRIVLEAK_ATTACK, TOKENS_HASH,
-                                     MIAResult, Reference, check_retain_settings, membership_inference, privleak,
-                                     reference_losses, resolve_reference, tokens_hash)
+from pipeline.evaluation.config import TOFU_SETS, EvalConfig
+from pipeline.evaluation.mc_scoring import evaluate_mc
+from pipeline.evaluation.mc_sets import load_mc_sets
+from pipeline.evaluation.mia import (PRIVLEAK_ATTACK, TOKENS_HASH, MIAResult, Reference, check_retain_settings,
+                                     membership_inference, privleak, reference_losses, resolve_reference, tokens_hash)
 from pipeline.evaluation.probes import PROBED_SETS, paraphrase_items, probe
-from pipeline.evaluation.quantize import BITS, QUANT_METHODS, load_quantized_bnb, resolve_method, rtn_quantized
-from pipeline.evaluation.tofu_metrics import (ES_DEFINITIONS, LOSS_DTYPES, SetResult, evaluate_set, forget_quality,
-                                              model_utility, rouge_references)
+from pipeline.evaluation.quantize import load_quantized_bnb, resolve_method, rtn_quantized
+from pipeline.evaluation.tofu_metrics import SetResult, evaluate_set, forget_quality, model_utility, rouge_references
 
 log = logging.getLogger(__name__)
-
-# The paper's TOFU sets: name -> the perturbed split that holds it ({forget} is the forget split's name).
-TOFU_SETS = {"forget": "{forget}_perturbed", "retain": "retain_perturbed",
-             "real_authors": "real_authors_perturbed", "world_facts": "world_facts_perturbed"}
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    source: str = "artifacts/world"    # TOFU splits: a directory (the embedded world, ../shared/data/tofu) or the hub
-    forget_split: str = "forget10"
-    template: str | dict = field(default="plain", metadata={"types": (str, dict)})  # data.template: a name or tags
-    tofu_sets: list = field(default_factory=lambda: list(TOFU_SETS))
-    batch_size: int = 32               # teacher forcing and generation
-    max_new_tokens: int = 64           # greedy answers for ROUGE (open-unlearning's generation config: 64)
-    es_definition: str = "open-unlearning"  # or strict: ES = 0, not 1/n, when even the last answer token is wrong
-    loss_dtype: str = "float32"        # the NLLs' arithmetic: float32 logits (open-unlearning's) or the model's dtype
-    multiple_choice: dict = field(default_factory=dict)  # name -> {format: world|wmdp|mmlu, source, scoring, ...}
-    mc_batch_size: int = 16
-    seed: int = 0                      # the world's MC sets: the order of the choices
-    trust_remote_code: bool = False
-    # Is it forgotten or only hidden (docs/evaluation.md); each off when empty (null) or false
-    mia: dict = field(default_factory=dict)        # membership inference: {holdout_split, k, attacks, p,
-                                                    # reference} (MIASpec)
-    paraphrase: bool = False           # forget and retain answers also asked with TOFU's paraphrased questions
-    quantize: dict = field(default_factory=dict)   # the quantization attack: {bits, group_size, method} (QuantizeSpec)
-    probe_sets: list = field(default_factory=list)  # what the attacks' probes score: forget, retain and MC set
-                                                    # names (world_forget, ...); []: forget, retain and every MC set
-    lm_eval: dict = field(default_factory=dict)    # lm-eval's own tasks: {tasks, num_fewshot, limit, batch_size,
-                                                   # include_path} (lm_eval_tasks.LMEvalSpec); needs the lmeval extra
-
-    @classmethod
-    def from_params(cls, values: dict, where: str = "evaluate", origins: dict[str, str] | None = None) -> "EvalConfig":
-        cfg = dataclass_from_params(cls, values, where, origins)
-        unknown = [s for s in cfg.tofu_sets if s not in TOFU_SETS]
-        if unknown:
-            raise ParamError(f"{where}.tofu_sets: unknown {unknown} (choose from {list(TOFU_SETS)})")
-        check_rules(cfg, {"batch_size": at_least(1), "mc_batch_size": at_least(1), "max_new_tokens": at_least(1),
-                          "es_definition": one_of(ES_DEFINITIONS), "loss_dtype": one_of(LOSS_DTYPES)},
-                    where, origins)
-        for name, spec in cfg.multiple_choice.items():
-            check_mc_spec(spec, f"{where}.multiple_choice.{name}")
-        if cfg.mia and "forget" not in cfg.tofu_sets:
-            raise ParamError(f"{where}.mia: membership inference scores the forget set: add forget to "
-                             f"{where}.tofu_sets, or switch it off: {where}.mia: null")
-        if cfg.mia:
-            MIASpec.from_params(cfg.mia, f"{where}.mia")  # their checks, before any work
-        if cfg.quantize:
-            QuantizeSpec.from_params(cfg.quantize, f"{where}.quantize")
-        if cfg.lm_eval:
-            lm_eval_tasks.LMEvalSpec.from_params(cfg.lm_eval, f"{where}.lm_eval")
-        return cfg
-
-    @property
-    def mia_spec(self) -> "MIASpec | None":
-        return MIASpec.from_params(self.mia, "evaluate.mia") if self.mia else None
-
-    @property
-    def quantize_spec(self) -> "QuantizeSpec | None":
-        return QuantizeSpec.from_params(self.quantize, "evaluate.quantize") if self.quantize else None
-
-    @property
-    def lm_eval_spec(self) -> "lm_eval_tasks.LMEvalSpec | None":
-        return lm_eval_tasks.LMEvalSpec.from_params(self.lm_eval) if self.lm_eval else None
-
-
-@dataclass(frozen=True)
-class MIASpec:
-    """Membership inference of the forget set against a holdout set of authors the models never saw."""
-
-    holdout_split: str = "holdout10"   # TOFU's and the embedded world's holdout01/05/10
-    k: float = 0.4                     # Min-K% and Min-K%++ (open-unlearning's TOFU config)
-    attacks: list = field(default_factory=lambda: list(DEFAULT_ATTACKS))  # gradnorm, reference: by name
-    p: float = 2.0                     # gradnorm's norm order: 1, 2 or .inf (open-unlearning's TOFU config: 2)
-    reference: str | None = None       # the reference attack's reference model: retain, an evaluation directory
-                                       # or a model (mia.py)
-
-    @classmethod
-    def from_params(cls, values: dict, where: str) -> "MIASpec":
-        spec = dataclass_from_params(cls, values, where)
-        check_rules(spec, {"k": between(0, 1, lo_open=True), "p": one_of(GRADNORM_ORDERS)}, where)
-        unknown = [a for a in spec.attacks if a not in MIA_ATTACKS]
-        if unknown or not spec.attacks:
-            raise ParamError(f"{where}.attacks={spec.attacks!r}: choose one or more of {list(MIA_ATTACKS)}")
-        if ("reference" in spec.attacks) != bool(spec.reference):
-            raise ParamError(f"{where}.reference={spec.reference!r}: the reference attack needs a reference model "
-                             "(retain, an evaluation directory or a model), and a reference is set only with it: "
-                             f"set both {where}.reference and reference in {where}.attacks, or neither")
-        return spec
-
-    def settings(self, reference_model: str | None) -> dict[str, dict]:
-        """What gradnorm's and reference's AUCs depend on beyond the model, as `mia.<attack>` records it: privleak
-        compares them only with the retain model's of the same settings."""
-        out = {}
-        if "gradnorm" in self.attacks:
-            out["gradnorm"] = {"p": "inf" if self.p == float("inf") else int(self.p)}
-        if "reference" in self.attacks:
-            out["reference"] = {"reference_model": reference_model}
-        return out
-
-
-@dataclass(frozen=True)
-class QuantizeSpec:
-    """The quantization attack: the weights rounded to each of `bits`, then the probes again."""
-
-    bits: list = field(default_factory=lambda: [8, 4])
-    group_size: int = 128              # input columns sharing one scale (w4g128, the common weight-only baseline)
-    method: str = "auto"               # rtn (weight-only round-to-nearest, any device) | bnb (bitsandbytes, CUDA) |
-                                       # auto (bnb where it runs, else rtn)
-
-    @classmethod
-    def from_params(cls, values: dict, where: str) -> "QuantizeSpec":
-        spec = dataclass_from_params(cls, values, where)
-        check_rules(spec, {"method": one_of(QUANT_METHODS), "group_size": at_least(0)}, where)
-        if not spec.bits or not all(isinstance(b, int) and not isinstance(b, bool) and b in BITS for b in spec.bits):
-            raise ParamError(f"{where}.bits={spec.bits!r}: a non-empty list of bit widths of {list(BITS)}, e.g. [8, 4]")
-        return spec
-
-
-def eval_config(params: dict) -> EvalConfig:
-    """The `evaluate` section over `data`'s source and template: what every evaluation of the pipeline uses."""
-    data = params.get("data") or {}
-    values = {"source": data.get("source"), "template": data.get("template"), **section(params, "evaluate")}
-    origins = {"source": "data.source", "template": "data.template"}
-    origins.update(origins_of(evaluate=section(params, "evaluate")))
-    return EvalConfig.from_params({k: v for k, v in values.items() if v is not None}, "evaluate", origins)
-
-
-# ---- multiple-choice sets by format -----------------------------------------------------------------------
-
-MC_KEY = "evaluate.multiple_choice"  # where the sets' specs live, for messages of the loaders
-
-
-def _world_sets(name: str, spec: dict, cfg: EvalConfig) -> dict[str, list[MCItem]]:
-    sets = world_mc_sets(spec["source"], spec.get("split", cfg.forget_split), cfg.seed)
-    return {f"{name}_{part}": items for part, items in sets.items()}
-
-
-# The keys a multiple-choice set's spec may have, by format. Every format: format, source, scoring (letter |
-# cloze), add_bos_token (letter scoring; null: the tokenizer's default, as lm-eval >= 0.4.9.2; true/false force
-# it, as lm-eval's model arg) and max_length (null: the model's, resolved as lm-eval does).
-MC_COMMON_KEYS = ("format", "source", "scoring", "add_bos_token", "max_length")
-MC_SPEC_KEYS = {"world": (*MC_COMMON_KEYS, "split"),
-                "wmdp": (*MC_COMMON_KEYS, "config", "subject"),
-                "mmlu": (*MC_COMMON_KEYS, "subjects")}
-
-# Key -> (is a set value valid, what it must be); null is "not set" for each.
-MC_SPEC_RULES: dict[str, tuple[Callable[[object], bool], str]] = {
-    "config": (lambda v: v in WMDP_SUBJECTS, f"one of {sorted(WMDP_SUBJECTS)}"),
-    "subject": (lambda v: isinstance(v, str) and bool(v.strip()),
-                "a non-empty string: the prompt's 'about ...' phrase, e.g. biology"),
-    "subjects": (lambda v: isinstance(v, list) and bool(v) and all(isinstance(s, str) and s.strip() for s in v),
-                 "a non-empty list of MMLU subjects, e.g. [anatomy, virology]"),
-    "add_bos_token": (lambda v: isinstance(v, bool), "null (the tokenizer's default), true or false"),
-    "max_length": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-                   "null (the model's) or a positive integer"),
-}
-
-
-def check_mc_spec(spec, where: str) -> None:
-    """One multiple-choice set's spec: its format, its keys (unknown ones refused) and their values."""
-    if not isinstance(spec, dict) or spec.get("format") not in MC_FORMATS:
-        raise ParamError(f"{where}: needs format: one of {sorted(MC_FORMATS)}")
-    check_keys(spec, MC_SPEC_KEYS[spec["format"]], where)
-    if not spec.get("source"):
-        raise ParamError(f"{where}: needs source (a file, directory or hub name)")
-    scoring = spec.get("scoring", "letter")
-    if not isinstance(scoring, str) or scoring not in SCORINGS:
-        raise ParamError(f"{where}.scoring: {scoring!r} is unknown (choose from {sorted(SCORINGS)})")
-    for key, (valid, what) in MC_SPEC_RULES.items():
-        if spec.get(key) is not None and not valid(spec[key]):
-            raise ParamError(f"{where}.{key}: {spec[key]!r} is invalid: must be {what}")
-    if scoring == "cloze" and spec.get("add_bos_token") is not None:
-        raise ParamError(f"{where}.add_bos_token: applies to letter scoring only (cloze scoring encodes each "
-                         "prompt as the training template does); remove it")
-
-
-MC_FORMATS: dict[str, Callable[[str, dict, EvalConfig], dict[str, list[MCItem]]]] = {
-    "world": _world_sets,  # the embedded world: forget authors' facts (WMDP's role), retained ones, world facts
-    "wmdp": lambda name, spec, cfg: {name: load_wmdp(spec["source"], spec.get("config"), spec.get("subject"),
-                                                     f"{MC_KEY}.{name}")},
-    "mmlu": lambda name, spec, cfg: {name: load_mmlu(spec["source"], spec.get("subjects"),
-                                                     f"{MC_KEY}.{name}.subjects")},
-}
-
 
 # ---- one model ----------------------------------------------------------------------------------------------
 
@@ -340,10 +153,7 @@ def load_inputs(cfg: EvalConfig, retain_dir: Path | None, own_retain: bool = Fal
         split = TOFU_SETS[name].format(forget=cfg.forget_split)
         rows = load_split(cfg.source, split)
         tofu[name], hashes[name] = (split, rows), _questions_hash(rows)
-    mc = {}
-    for name, spec in cfg.multiple_choice.items():
-        for set_name, items in MC_FORMATS[spec["format"]](name, spec, cfg).items():
-            mc[set_name] = (spec, items)
+    mc = load_mc_sets(cfg.multiple_choice, cfg.forget_split, cfg.seed)
     unknown = [s for s in cfg.probe_sets if s not in (*PROBED_SETS, *mc)]
     if unknown:
         raise ParamError(f"evaluate.probe_sets: {unknown} are neither forget, retain nor a multiple-choice set of "
@@ -369,9 +179,10 @@ def load_inputs(cfg: EvalConfig, retain_dir: Path | None, own_retain: bool = Fal
 
 
 def load_retain_auc(retain: Path, attacks: list[str]) -> dict[str, float]:
-    """The retain model's AUC of each attack, for privleak: from its evaluation here (metrics.json's `mia`), or
-    from open-unlearning's TOFU_EVAL.json of it (`mia_<attack>.agg_value`). An attack it lacks is an error: its
-    privleak would silently compare with another reference."""
+    """The retain model's AUC of each attack it has, for privleak: from its evaluation here (metrics.json's `mia`),
+    or from open-unlearning's TOFU_EVAL.json of it (`mia_<attack>.agg_value`; open-unlearning's default config keeps
+    only mia_min_k, privleak's). An attack it lacks gets no privleak (a warning names it), never another reference;
+    none at all is an error (a retain evaluation made without membership inference)."""
     file = retain / "metrics.json" if (retain / "metrics.json").is_file() else open_unlearning.eval_file(retain)
     if file is None:
         raise DataError(f"privleak needs the retain model's membership-inference AUCs, and {retain} holds neither "
@@ -387,11 +198,15 @@ def load_retain_auc(retain: Path, attacks: list[str]) -> dict[str, float]:
         found = {a: (f"mia_{a}.agg_value", data[f"mia_{a}"].get("agg_value")) for a in attacks
                  if isinstance(data.get(f"mia_{a}"), dict)}
     missing = [a for a in attacks if a not in found]
-    if missing:
+    if not found:  # nothing to compare with at all: a retain evaluation made without evaluate.mia
         raise DataError(f"{file}: no membership-inference AUC of {missing} for the retain model: evaluate it again "
-                        "with the same evaluate.mia (privleak compares each attack with the retain model's)")
+                        "with evaluate.mia (privleak compares each attack with the retain model's)")
+    if missing:
+        log.warning("privleak: %s has no membership-inference AUC of %s for the retain model, so those attacks get "
+                    "no privleak%s (evaluate the retain model with the same evaluate.mia for all of them)", file,
+                    missing, f", nor the summary's privleak ({PRIVLEAK_ATTACK}'s)" if PRIVLEAK_ATTACK in missing else "")
     # an AUC is a probability; anything else would give a plausible but meaningless privleak
-    return {a: eval_io.number(found[a][1], f"{file}: {found[a][0]}", 0.0, 1.0) for a in attacks}
+    return {a: eval_io.number(found[a][1], f"{file}: {found[a][0]}", 0.0, 1.0) for a in attacks if a in found}
 
 
 def _own_retain(out_dir: Path, retain_dir: Path | None) -> bool:
@@ -544,21 +359,23 @@ def _paraphrase(model, tokenizer, template, inputs: EvalInputs, cfg: EvalConfig,
 
 
 def _summarise_mia(mia: MIAResult, retain_auc: dict[str, float] | None, own_retain: bool, summary: dict) -> None:
-    """`mia.<attack>`: AUC, mean scores, privleak against the retain model's AUC (none without it); top level:
-    `mia_<attack>_auc`, `privleak` (open-unlearning's, of min_k) and each other attack's `privleak_<attack>`."""
+    """`mia.<attack>`: AUC, mean scores, privleak against the retain model's AUC and that AUC (`retain_auc`; none
+    where the retain model's evaluation lacks the attack; the retain model's own: privleak 0, against itself); top
+    level: `mia_<attack>_auc`, `privleak` (open-unlearning's, of min_k) and each other attack's `privleak_<attack>`."""
     reference = mia.auc if own_retain else retain_auc
     summary["mia"] = {}
     for attack, value in mia.auc.items():
         entry = {"auc": round(value, 6), "forget_mean": round(float(mia.forget[attack].mean()), 6),
                  "holdout_mean": round(float(mia.holdout[attack].mean()), 6)}
-        if reference is not None:
+        if reference is not None and attack in reference:
             entry["privleak"] = round(privleak(value, reference[attack]), 6)
-            entry["retain_auc"] = round(reference[attack], 6)
+            if not own_retain:  # the AUC of the retain model it was compared with (open_unlearning.py reads it)
+                entry["retain_auc"] = round(reference[attack], 6)
         summary["mia"][attack] = entry
         summary[f"mia_{attack}_auc"] = entry["auc"]
         if "privleak" in entry and attack != PRIVLEAK_ATTACK:
             summary[f"privleak_{attack}"] = entry["privleak"]
-    if reference is not None and PRIVLEAK_ATTACK in summary["mia"]:
+    if "privleak" in summary["mia"].get(PRIVLEAK_ATTACK, {}):
         summary["privleak"] = summary["mia"][PRIVLEAK_ATTACK]["privleak"]
     aucs = ", ".join(f"{attack} {entry['auc']:.3f}" for attack, entry in summary["mia"].items())
     leak = f"; privleak {summary['privleak']:.1f}" if "privleak" in summary else ""
@@ -567,9 +384,12 @@ def _summarise_mia(mia: MIAResult, retain_auc: dict[str, float] | None, own_reta
 
 
 def _mia_logs(mia: MIAResult | None, summary: dict) -> dict | None:
+    """What open-unlearning's entries are made of: the scores, the AUCs and the retain model's Min-K% AUC as the
+    summary has it (none for the retain model itself: open-unlearning's privleak then takes its default)."""
     if mia is None:
         return None
-    return {"forget": mia.forget, "holdout": mia.holdout, "auc": mia.auc, "privleak": summary.get("privleak")}
+    return {"forget": mia.forget, "holdout": mia.holdout, "auc": mia.auc,
+            "retain_auc": summary["mia"].get(PRIVLEAK_ATTACK, {}).get("retain_auc")}
 
 
 def _multiple_choice(model, tokenizer, template, inputs: EvalInputs, cfg: EvalConfig, summary: dict

@@ -83,7 +83,7 @@ class TrainingMonitor:
         self.every, self.selects = cfg.every, bool(cfg.select)
         self.template = get_template(cfg.template)
         rng = random.Random(cfg.seed)
-        # the sets of stage three's forget and retain metrics (evaluate.TOFU_SETS)
+        # the sets of stage three's forget and retain metrics (config.TOFU_SETS)
         self.forget = self._sample(load_split(cfg.source, f"{cfg.forget_split}_perturbed"), rng)
         self.retain = self._sample(load_split(cfg.source, "retain_perturbed"), rng)
         self.best: dict | None = None      # the chosen row so far

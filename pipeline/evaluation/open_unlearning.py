@@ -13,6 +13,13 @@ world facts) Q_A_Prob (unnormalised), Q_A_PERT_Prob, Q_A_Prob_normalised (TokenU
 Truth_Ratio and Q_A_ROUGE; model_utility; with evaluate.mia, mia_loss, mia_zlib, mia_min_k, mia_min_k_plus_plus
 and where run mia_gradnorm, mia_reference (`{"agg_value": AUC, "auc": AUC, "forget": {...}, "holdout": {...}}`,
 each set's scores by index) and privleak.
+
+privleak here is open-unlearning's (src/evals/metrics/privacy.py, configs/eval/tofu_metrics/privleak.yaml): Min-K%'s
+AUC against the retain model's when the evaluation was given one, else against its `ref_value`, an AUC of 0.5. So
+the retain model's own files hold its privleak against 0.5, as open-unlearning writes it for a retain model (which it
+evaluates without retain logs), where the summary (metrics.json, the report) has 0: the retain model against itself.
+open-unlearning's TOFU config has this one privleak: the other attacks (GradNorm and Reference included) have their
+AUCs here, and their privleak only in the summary (`privleak_<attack>`, against the retain model's AUC of the attack).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import numpy as np
 
 from pipeline.common.errors import DataError
 from pipeline.evaluation import eval_io
-from pipeline.evaluation.mia import auc
+from pipeline.evaluation.mia import PRIVLEAK_ATTACK, auc, privleak
 from pipeline.evaluation.tofu_metrics import ITEM_COLUMNS, SET_SPECS, UTILITY_SETS, model_utility, set_aggregates
 
 log = logging.getLogger(__name__)
@@ -34,9 +41,11 @@ EVAL_FILE, SUMMARY_FILE = "TOFU_EVAL.json", "TOFU_SUMMARY.json"
 PREFIX = {"forget": "forget", "retain": "retain", "real_authors": "ra", "world_facts": "wf"}
 # The top-level metrics of open-unlearning's configs/eval/tofu.yaml that TokenUnlearn computes, and exact
 # memorization (one of its metrics, left out of that list by default): what TOFU_SUMMARY.json holds.
-SUMMARY_METRICS = ("forget_quality", "forget_Q_A_Prob", "forget_Q_A_ROUGE", "model_utility", "extraction_strength",
-                   "exact_memorization", "privleak", "mia_loss", "mia_zlib", "mia_min_k", "mia_min_k_plus_plus",
-                   "mia_gradnorm", "mia_reference")
+SUMMARY_METRICS = ("forget_quality", "forget_Q_A_Prob", "forget_Q_A_ROUGE", "forget_truth_ratio", "model_utility",
+                   "extraction_strength", "exact_memorization", "privleak", "mia_loss", "mia_zlib", "mia_min_k",
+                   "mia_min_k_plus_plus", "mia_gradnorm", "mia_reference")
+# open-unlearning's privleak without the retain model's logs: its `ref_value`, the retain model's AUC taken as 0.5.
+DEFAULT_RETAIN_AUC = 0.5
 
 
 def truth_ratio_key(kind: str) -> str:
@@ -81,14 +90,26 @@ def _scores_entry(scores) -> dict:
             "value_by_index": {str(i): {"score": float(v)} for i, v in enumerate(scores)}}
 
 
+def ou_privleak(aucs: dict[str, float], retain_auc: float | None) -> float | None:
+    """open-unlearning's privleak: Min-K%'s AUC against the retain model's (`retain_auc`; None: none given, so its
+    `ref_value` 0.5); None without Min-K%, which open-unlearning's privleak reads."""
+    if PRIVLEAK_ATTACK not in aucs:
+        return None
+    return privleak(aucs[PRIVLEAK_ATTACK], DEFAULT_RETAIN_AUC if retain_auc is None else retain_auc)
+
+
 def mia_logs(mia: dict) -> dict[str, dict]:
     """mia_<attack> entries (open-unlearning's layout) and privleak, from `{"forget": {attack: scores},
-    "holdout": {...}, "auc": {attack: AUC}, "privleak": value or None}`."""
+    "holdout": {...}, "auc": {attack: AUC}, "retain_auc": the retain model's Min-K% AUC or None}` (`ou_privleak`)."""
     logs = {f"mia_{attack}": {"agg_value": value, "auc": value, "forget": _scores_entry(mia["forget"][attack]),
                               "holdout": _scores_entry(mia["holdout"][attack])}
             for attack, value in mia["auc"].items()}
-    if mia.get("privleak") is not None:
-        logs["privleak"] = {"agg_value": mia["privleak"]}
+    leak = ou_privleak(mia["auc"], mia.get("retain_auc"))
+    if leak is not None:
+        logs["privleak"] = {"agg_value": leak}
+        if mia.get("retain_auc") is None:
+            log.info("open-unlearning's privleak %.2f: Min-K%% AUC against its default retain AUC %.1f (no other "
+                     "retain model's AUC was given, as when it evaluates a retain model)", leak, DEFAULT_RETAIN_AUC)
     return logs
 
 
@@ -124,7 +145,9 @@ def write_files(out_dir: Path, logs: dict[str, dict]) -> None:
 # ---- re-export of an evaluation directory --------------------------------------------------------------------
 
 def _read_mia(eval_dir: Path, forget: list[dict] | None, metrics: dict) -> dict | None:
-    """The membership-inference scores kept in the items (forget's `mia_*` columns and items/holdout.parquet)."""
+    """The membership-inference scores kept in the items (forget's `mia_*` columns and items/holdout.parquet), and
+    the retain model's Min-K% AUC this evaluation was compared with (metrics.json's `mia.min_k.retain_auc`; none in
+    the retain model's own evaluation)."""
     file = eval_dir / "items" / "holdout.parquet"
     if not file.is_file() or not forget:
         return None
@@ -137,8 +160,12 @@ def _read_mia(eval_dir: Path, forget: list[dict] | None, metrics: dict) -> dict 
                         "come from different evaluations; evaluate the model again")
     scores = {"forget": {a: [it[f"mia_{a}"] for it in forget] for a in attacks},
               "holdout": {a: [it[f"mia_{a}"] for it in holdout] for a in attacks}}
+    entry = metrics.get("mia") if isinstance(metrics.get("mia"), dict) else {}
+    entry = entry.get(PRIVLEAK_ATTACK) if isinstance(entry.get(PRIVLEAK_ATTACK), dict) else {}
+    file = eval_dir / "metrics.json"
     return {**scores, "auc": {a: auc(scores["forget"][a], scores["holdout"][a]) for a in attacks},
-            "privleak": metrics.get("privleak")}
+            "retain_auc": eval_io.number(entry.get("retain_auc"), f"{file}: mia.{PRIVLEAK_ATTACK}.retain_auc", 0.0,
+                                         1.0, nullable=True)}
 
 
 def _read_one(eval_dir: Path) -> tuple[dict[str, list[dict]], float | None, dict | None]:

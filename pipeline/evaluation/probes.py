@@ -8,18 +8,17 @@ but not on their paraphrases, or its multiple-choice accuracy falls in one scori
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from pipeline.common.errors import DataError
+from pipeline.data.mc_items import MCItem
 from pipeline.data.templates import PromptTemplate
+from pipeline.evaluation.config import EvalConfig
 from pipeline.evaluation.generation import greedy_answers
-from pipeline.evaluation.multiple_choice import MCItem, evaluate_mc
+from pipeline.evaluation.mc_scoring import evaluate_mc
 from pipeline.evaluation.tofu_metrics import answer_statistics, rouge_references, rouge_scores
-
-if TYPE_CHECKING:
-    from pipeline.evaluation.evaluate import EvalConfig
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +26,7 @@ PROBED_SETS = ("forget", "retain")  # the TOFU sets whose rows have paraphrased 
 
 
 def answer_metrics(model, tokenizer, template: PromptTemplate, questions: Sequence[str], answers: Sequence[str],
-                   cfg: "EvalConfig") -> dict[str, np.ndarray | list]:
+                   cfg: EvalConfig) -> dict[str, np.ndarray | list]:
     """Per item: extraction strength and exact memorization of the answer given each question, and the ROUGE-L
     recall of the greedy answer, as the TOFU metrics compute them."""
     stats = answer_statistics(model, tokenizer, template, questions, answers, cfg.batch_size, cfg.es_definition,
@@ -48,7 +47,7 @@ def paraphrased_questions(rows: Sequence[dict], where: str) -> list[str]:
     return [r["paraphrased_question"] for r in rows]
 
 
-def paraphrase_items(model, tokenizer, template: PromptTemplate, rows: Sequence[dict], cfg: "EvalConfig",
+def paraphrase_items(model, tokenizer, template: PromptTemplate, rows: Sequence[dict], cfg: EvalConfig,
                      where: str) -> list[dict]:
     """Per row, the answer's ES, EM and ROUGE when the question is its paraphrase (columns `para_*` of the items)."""
     m = answer_metrics(model, tokenizer, template, paraphrased_questions(rows, where), [r["answer"] for r in rows],
@@ -69,7 +68,7 @@ def _mean(values) -> float | None:
 
 
 def probe(model, tokenizer, template: PromptTemplate, tofu: dict[str, tuple[str, list[dict]]],
-          mc: dict[str, tuple[dict, list[MCItem]]], cfg: "EvalConfig") -> dict[str, float]:
+          mc: dict[str, tuple[dict, list[MCItem]]], cfg: EvalConfig) -> dict[str, float]:
     """The cheap evaluation repeated after an attack, on the sets of `evaluate.probe_sets` (all when empty): forget
     ES, EM and ROUGE-L recall (`forget_es`, `forget_em`, `forget_rouge`; with evaluate.paraphrase also
     `forget_para_es` and `forget_para_rouge`), retain ES and EM (did the attack break the model?), and each

@@ -24,25 +24,16 @@ from pipeline.common.atomic import atomic_file
 from pipeline.common.errors import DataError
 from pipeline.common.plots import pyplot, save_figure
 from pipeline.evaluation.eval_io import number, read_json
+from pipeline.evaluation.metrics import (FAMILIES, MAIN, ROBUSTNESS, Metric, columns, family_columns, metric,
+                                        value_range)
 
 log = logging.getLogger(__name__)
 
-# (summary key, column title); multiple-choice columns follow, one per `mc_*` key found, then one per lm-eval
-# metric (`lmeval_*`, evaluate.lm_eval; their stderrs stay in the summaries).
-COLUMNS = [("retain_es", "retain ES ↑"), ("forget_es", "forget ES ↓"), ("model_utility", "MU ↑"),
-           ("log10_forget_quality", "log10 FQ ↑")]
-# Is it forgotten or only hidden (evaluate.mia, paraphrase, quantize; the relearn stages as `relearn_*`), where
-# evaluated: each attack's forget ES and forget multiple-choice accuracy, against the same model unattacked.
-ROBUSTNESS_COLUMNS = [
-    ("privleak", "privleak (→0)"), ("mia_min_k_plus_plus_auc", "Min-K%++ AUC (→retain)"),
-    ("privleak_gradnorm", "privleak, GradNorm (→0)"), ("privleak_reference", "privleak, Reference (→0)"),
-    ("forget_para_es", "forget ES, paraphrased ↓"), ("q8_forget_es", "forget ES, 8-bit ↓"),
-    ("q4_forget_es", "forget ES, 4-bit ↓"), ("relearn_before_forget_es", "forget ES, unseen rows ↓"),
-    ("relearn_forget_forget_es", "… after relearning on forget ↓"),
-    ("relearn_retain_forget_es", "… after relearning on retain ↓"),
-    ("mc_world_forget", "forget MC, cloze ↓"), ("mc_world_letter_forget", "forget MC, letter ↓"),
-    ("q4_mc_world_forget", "forget MC, 4-bit ↓"), ("relearn_forget_mc_world_forget", "forget MC, relearned ↓"),
-]
+# The columns (pipeline/evaluation/metrics.py): the paper's Table 1, then one per `mc_*` and one per `lmeval_*` key
+# found (the families); and whether it is forgotten or only hidden (evaluate.mia, paraphrase, quantize; the relearn
+# stages as `relearn_*`), where evaluated.
+COLUMNS = columns(MAIN)
+ROBUSTNESS_COLUMNS = columns(ROBUSTNESS)
 WEIGHTING_PREFIX = {"uniform": "", "hard": "T-", "soft": "S-"}
 # The two models every report needs: their label and the DVC stage that evaluates them.
 REFERENCE_MODELS = {"target": ("before unlearning", "evaluate_target"), "retain": ("retain model", "evaluate_retain")}
@@ -82,25 +73,12 @@ def run_row(name: str, spec: dict, summary: dict) -> Row:
 # log10 forget quality where the p-value underflowed to 0: tofu_metrics.MIN_PVALUE's log10 (−323.3); an evaluation
 # written before that floor has -Infinity there, read as the floor.
 LOG10_FQ_FLOOR = math.log10(math.ulp(0.0))
-UNIT = (0.0, 1.0)
 
 
 def _reported(key: str) -> bool:
-    """Whether the report reads summary key `key` (a column, a multiple-choice accuracy, or their _std)."""
-    base = key.removesuffix("_std")
-    return base in {k for k, _ in COLUMNS + ROBUSTNESS_COLUMNS} or base.startswith(("mc_", "lmeval_"))
-
-
-def _range(key: str) -> tuple[float | None, float | None]:
-    """A reported key's range: ES, AUC, accuracy and utility are shares, log10 FQ the log of a p-value; the rest
-    (privleak) any finite number."""
-    if key.endswith("_std"):
-        return 0.0, None
-    if key.startswith("lmeval_"):
-        return None, None  # lm-eval's metrics are not all shares (perplexity, BLEU)
-    if key == "log10_forget_quality":
-        return None, 0.0
-    return UNIT if key.endswith(("_es", "_auc")) or "mc_" in key or key == "model_utility" else (None, None)
+    """Whether the report reads summary key `key` (a registered metric, a family's: a multiple-choice accuracy, an
+    lm-eval metric or its stderr; or their _std)."""
+    return metric(key.removesuffix("_std")) is not None
 
 
 def check_summary(summary: dict, file: Path, prefix: str = "") -> dict:
@@ -110,7 +88,7 @@ def check_summary(summary: dict, file: Path, prefix: str = "") -> dict:
         summary["log10_forget_quality"] = LOG10_FQ_FLOOR
     for key, value in summary.items():
         if _reported(key):  # named as in its file, without the prefix read_summary gives it
-            number(value, f"{file}: {key.removeprefix(prefix)}", *_range(key), nullable=True)
+            number(value, f"{file}: {key.removeprefix(prefix)}", *value_range(key), nullable=True)
     if not isinstance(summary.get("seeds", []), list):
         raise DataError(f"{file}: seeds: {summary['seeds']!r} is not a list of seeds")
     return summary
@@ -122,8 +100,9 @@ def read_summary(metrics_dir: Path, name: str, relearn_dir: Path | None = None) 
     file = metrics_dir / f"{name}.json"
     summary = check_summary(read_json(file, "evaluation summary"), file)
     if not any(_reported(k) and v is not None for k, v in summary.items()):
-        raise DataError(f"{file}: none of the report's metrics ({', '.join(k for k, _ in COLUMNS)}, mc_*): not a "
-                        f"summary of `tokenunlearn evaluate`; evaluate '{name}' again")
+        known = ", ".join([m.key for m in COLUMNS] + [f"{f.prefix}*" for f in FAMILIES])
+        raise DataError(f"{file}: none of the report's metrics ({known}): not a summary of `tokenunlearn evaluate`; "
+                        f"evaluate '{name}' again")
     relearned = relearn_dir / f"{name}.json" if relearn_dir is not None else None
     if relearned is not None and relearned.is_file():
         summary |= check_summary({f"relearn_{k}": v for k, v in read_json(relearned, "relearning summary").items()
@@ -161,16 +140,6 @@ def load_rows(metrics_dir: Path, runs: dict[str, dict], relearn_dir: Path | None
     return rows + [run_row(n, runs[n], read_summary(metrics_dir, n, relearn_dir)) for n in evaluated]
 
 
-def mc_keys(rows: list[Row]) -> list[str]:
-    return sorted({k for r in rows for k in r.summary if k.startswith("mc_") and not k.endswith("_std")})
-
-
-def lmeval_columns(rows: list[Row]) -> list[tuple[str, str]]:
-    """One column per lm-eval metric some row has (evaluate.lm_eval), its standard error left out."""
-    keys = {k for r in rows for k in r.summary if k.startswith("lmeval_") and not k.endswith(("_std", "_stderr"))}
-    return [(k, "lm-eval " + k.removeprefix("lmeval_")) for k in sorted(keys)]
-
-
 def _fmt(value, std=None) -> str:
     if value is None:
         return "–"
@@ -179,39 +148,45 @@ def _fmt(value, std=None) -> str:
     return f"{value:.3f} ± {std:.3f}" if std else f"{value:.3f}"
 
 
-def robustness_keys(rows: list[Row]) -> list[tuple[str, str]]:
+def main_columns(rows: list[Row]) -> list[Metric]:
+    """The paper's columns, then one per multiple-choice accuracy and one per lm-eval metric some row has."""
+    return COLUMNS + family_columns(MAIN, (r.summary for r in rows))
+
+
+def robustness_keys(rows: list[Row]) -> list[Metric]:
     """The robustness columns some row has; none where no attack ran (plain multiple choice is in the first
     table already)."""
-    keys = [(k, t) for k, t in ROBUSTNESS_COLUMNS if any(r.summary.get(k) is not None for r in rows)]
-    return keys if any(not k.startswith("mc_") for k, _ in keys) else []
+    keys = [m for m in ROBUSTNESS_COLUMNS if any(r.summary.get(m.key) is not None for r in rows)]
+    return keys if any(not m.key.startswith("mc_") for m in keys) else []
 
 
-def results_table(rows: list[Row], keys: list[tuple[str, str]] | None = None) -> tuple[str, str]:
+def results_table(rows: list[Row], keys: list[Metric] | None = None) -> tuple[str, str]:
     """(Markdown, CSV) of the results (`keys`: the paper's columns and the multiple-choice ones); the CSV has each
     column's standard deviation beside it."""
-    keys = keys or COLUMNS + [(k, k[3:] + " acc") for k in mc_keys(rows)] + lmeval_columns(rows)
-    header = ["model", "run"] + [title for _, title in keys]
+    keys = keys or main_columns(rows)
+    header = ["model", "run"] + [m.title for m in keys]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["model", "run", "method", "weighting", "seeds"] + [c for k, _ in keys for c in (k, f"{k}_std")])
+    writer.writerow(["model", "run", "method", "weighting", "seeds"]
+                    + [c for m in keys for c in (m.key, f"{m.key}_std")])
     for r in rows:
-        values = [(r.summary.get(k), r.summary.get(f"{k}_std")) for k, _ in keys]
+        values = [(r.summary.get(m.key), r.summary.get(f"{m.key}_std")) for m in keys]
         lines.append("| " + " | ".join([r.label, r.name] + [_fmt(v, sd) for v, sd in values]) + " |")
         writer.writerow([r.label, r.name, r.method, r.weighting, len(r.summary.get("seeds", [0]))]
                         + ["" if v is None else v for pair in values for v in pair])
     return "\n".join(lines) + "\n", buffer.getvalue()
 
 
-def comparison_table(rows: list[Row], keys: list[tuple[str, str]] | None = None) -> str:
+def comparison_table(rows: list[Row], keys: list[Metric] | None = None) -> str:
     """Token-level minus sequence-level per method and column, and another attribution score minus φ for the
     same method and weighting (Markdown); `*` marks a difference larger than the two standard deviations added,
     the spread over seeds. With one seed there is no spread to compare with, so nothing is marked. A variant
     whose baseline is not among the rows is named in a sentence after the table (instead of the table, where no
     variant has its baseline)."""
-    keys = keys or COLUMNS + [(k, k[3:] + " acc") for k in mc_keys(rows)] + lmeval_columns(rows)
+    keys = keys or main_columns(rows)
     by_run = {(r.method, r.weighting, r.score): r for r in rows if r.method}
-    lines = ["| variant − baseline | " + " | ".join(t for _, t in keys) + " |", "|" + "---|" * (len(keys) + 1)]
+    lines = ["| variant − baseline | " + " | ".join(c.title for c in keys) + " |", "|" + "---|" * (len(keys) + 1)]
     pairs = [(row, (m, "uniform", "phi")) for (m, w, _), row in by_run.items() if w != "uniform"]
     pairs += [(row, (m, w, "phi")) for (m, w, score), row in by_run.items() if score != "phi"]
     unmatched = []
@@ -222,12 +197,12 @@ def comparison_table(rows: list[Row], keys: list[tuple[str, str]] | None = None)
             continue
         cells = []
         has_spread = min(len(row.summary.get("seeds", ())), len(base.summary.get("seeds", ()))) >= 2
-        for key, _ in keys:
-            a, b = row.summary.get(key), base.summary.get(key)
+        for column in keys:
+            a, b = row.summary.get(column.key), base.summary.get(column.key)
             if a is None or b is None:
                 cells.append("–")
                 continue
-            spread = (row.summary.get(f"{key}_std") or 0) + (base.summary.get(f"{key}_std") or 0)
+            spread = (row.summary.get(f"{column.key}_std") or 0) + (base.summary.get(f"{column.key}_std") or 0)
             cells.append(f"{a - b:+.3f}{' *' if has_spread and abs(a - b) > spread else ''}")
         lines.append(f"| {row.label} − {base.label} | " + " | ".join(cells) + " |")
     if not pairs:
@@ -275,9 +250,9 @@ def load_ablations(metrics_dir: Path, ablations: dict[str, list[str]], runs: dic
 def ablation_csv(ablation: Ablation) -> str:
     buffer = io.StringIO()
     w = csv.writer(buffer, lineterminator="\n")
-    w.writerow([ablation.name, "run"] + [c for k, _ in COLUMNS for c in (k, f"{k}_std")])
+    w.writerow([ablation.name, "run"] + [c for m in COLUMNS for c in (m.key, f"{m.key}_std")])
     for x, r in ablation.points:
-        w.writerow([x, r.name] + [r.summary.get(c) for k, _ in COLUMNS for c in (k, f"{k}_std")])
+        w.writerow([x, r.name] + [r.summary.get(c) for m in COLUMNS for c in (m.key, f"{m.key}_std")])
     return buffer.getvalue()
 
 
@@ -285,12 +260,12 @@ def plot_ablation(ablation: Ablation, path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, len(COLUMNS), figsize=(4 * len(COLUMNS), 3.4))
     xs = [x for x, _ in ablation.points]
-    for ax, (key, title) in zip(axes, COLUMNS):
-        ys = [r.summary.get(key) for _, r in ablation.points]
-        errs = [r.summary.get(f"{key}_std") or 0 for _, r in ablation.points]
+    for ax, m in zip(axes, COLUMNS):
+        ys = [r.summary.get(m.key) for _, r in ablation.points]
+        errs = [r.summary.get(f"{m.key}_std") or 0 for _, r in ablation.points]
         ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3)
         ax.set_xlabel(ablation.axis)
-        ax.set_title(title)
+        ax.set_title(m.title)
     fig.suptitle(f"{ablation.points[0][1].label}: ablation of {ablation.axis} (mean ± std over seeds)")
     save_figure(fig, path)
 

@@ -22,12 +22,12 @@ import numpy as np
 
 from pipeline.common.errors import DataError
 from pipeline.evaluation.eval_io import read_json
+from pipeline.evaluation.metrics import SEEDS, columns
 from pipeline.evaluation.report import check_summary
 
-# (key, title, better): the paper's Table 1 columns and the forget authors' multiple choice; better: +1 higher, −1 lower
-KEYS = [("retain_es", "retain ES ↑", +1), ("forget_es", "forget ES ↓", -1), ("model_utility", "MU ↑", +1),
-        ("log10_forget_quality", "log10 FQ ↑", +1), ("mc_world_forget", "forget MC ↓", -1),
-        ("mc_world_retain", "retain MC ↑", +1)]
+# The columns (pipeline/evaluation/metrics.py): the paper's Table 1 and the world's multiple choice, forget and retain
+# authors; each compared in its direction (`better`: +1 higher, −1 lower).
+COLUMNS = columns(SEEDS)
 
 
 @dataclass
@@ -42,7 +42,7 @@ def load_cells(root: Path, model_seeds: list[int], runs: list[str], unlearn_seed
     """Every run's per-seed evaluation, `root/m{M}/eval/RUN/seed{S}/metrics.json`, and the target's and retain
     model's (`models_root/m{M}/eval/{target,retain}/metrics.json`, one value per model seed; `models_root`: `root`
     unless the runs reuse another experiment's models); an error names a missing file."""
-    keys = [k for k, _, _ in KEYS]
+    keys = [m.key for m in COLUMNS]
     cells = {}
     for name in ["target", "retain", *runs]:
         per_run = name not in ("target", "retain")
@@ -118,8 +118,8 @@ def variant_pairs(runs: dict[str, dict], names: list[str]) -> list[tuple[str, st
 def comparisons(cells: dict[str, Cells], pairs: list[tuple[str, str]], confidence: float, samples: int,
                 seed: int) -> tuple[list[dict], float]:
     """Every pair × column with values: the comparisons and the per-interval level (Bonferroni over them)."""
-    todo = [(v, b, key, better) for v, b in pairs for key, _, better in KEYS
-            if not np.isnan(cells[v].values[key]).all() and not np.isnan(cells[b].values[key]).all()]
+    todo = [(v, b, m.key, m.better) for v, b in pairs for m in COLUMNS
+            if not np.isnan(cells[v].values[m.key]).all() and not np.isnan(cells[b].values[m.key]).all()]
     level = 1 - (1 - confidence) / max(len(todo), 1)
     rng = np.random.default_rng(seed)
     out = []
@@ -139,7 +139,7 @@ def _cell(s: dict) -> str:
 def main_table(cells: dict[str, Cells], labels: dict[str, str]) -> tuple[str, str]:
     """(Markdown, CSV): per model the mean over every (model seed, unlearning seed) cell ± the spread between
     model seeds / within them."""
-    keys = [(k, t) for k, t, _ in KEYS if any(not np.isnan(c.values[k]).all() for c in cells.values())]
+    keys = [(m.key, m.title) for m in COLUMNS if any(not np.isnan(c.values[m.key]).all() for c in cells.values())]
     lines = ["| model | run | " + " | ".join(t for _, t in keys) + " |", "|" + "---|" * (len(keys) + 2)]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
@@ -155,7 +155,7 @@ def main_table(cells: dict[str, Cells], labels: dict[str, str]) -> tuple[str, st
 def comparison_table(results: list[dict], labels: dict[str, str], level: float) -> tuple[str, str]:
     """(Markdown, CSV) of the comparisons: per pair a row, per column the mean difference, its interval and a
     mark (▲ better, ▼ worse, none: undecided)."""
-    keys = [(k, t) for k, t, _ in KEYS if any(r["key"] == k for r in results)]
+    keys = [(m.key, m.title) for m in COLUMNS if any(r["key"] == m.key for r in results)]
     pairs = list(dict.fromkeys((r["variant"], r["base"]) for r in results))
     by = {(r["variant"], r["base"], r["key"]): r for r in results}
     mark = {"better": " ▲", "worse": " ▼", "undecided": ""}

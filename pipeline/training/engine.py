@@ -271,14 +271,16 @@ class Engine:
     def module(self) -> torch.nn.Module:
         return self.engine.module
 
-    def train_step(self, micro_batches: list[dict], loss_fn: LossFn) -> dict[str, float]:
+    def train_step(self, micro_batches: list[dict], loss_fn: LossFn,
+                   tokens_of: Callable[[dict], int] = count_tokens) -> dict[str, float]:
         """One optimizer step over this rank's micro-batches; returns metrics averaged over micro-batches and ranks,
-        and `tokens`, the tokens (attention-mask ones) of the step summed over ranks."""
+        and `tokens`, the tokens of the step summed over ranks: `tokens_of` each micro-batch (default: all its
+        attention-mask tokens; a loss that reads only part of the batch counts that part)."""
         import torch.distributed as dist
 
         self.engine.train()
         totals: dict[str, float] = {}
-        tokens = sum(count_tokens(batch) for batch in micro_batches)
+        tokens = sum(tokens_of(batch) for batch in micro_batches)
         for batch in micro_batches:
             batch = to_device(batch, self.device)
             loss, metrics = loss_fn(self.engine, batch)
@@ -376,6 +378,7 @@ def train_loop(
     on_step: Callable[[int, dict], dict | None] | None = None,
     stop: Callable[[list[dict]], bool] | None = None,
     on_resume: Callable[[list[dict]], None] | None = None,
+    tokens_of: Callable[[dict], int] = count_tokens,
 ) -> list[dict]:
     """Run `engine.total_steps` optimizer steps; return the per-step metric history.
 
@@ -385,7 +388,7 @@ def train_loop(
     returns joins the row, so a checkpoint keeps it, and `on_resume(history)` is handed the restored history
     before the first step of a resumed run. `stop(history)`, after each step: True ends training there (a
     criterion met before the cap); it reads only the history, which a checkpoint keeps, so a resumed run stops
-    where an unbroken one does.
+    where an unbroken one does. `tokens_of(micro-batch)`: the tokens the loss reads, for the logged tokens/s.
     """
     import torch.distributed as dist
 
@@ -404,7 +407,7 @@ def train_loop(
                    leave=True)
     for step in bar:
         started = time.perf_counter()
-        metrics = engine.train_step(batches_for_step(step), loss_fn)
+        metrics = engine.train_step(batches_for_step(step), loss_fn, tokens_of)
         seconds = time.perf_counter() - started
         tokens = metrics.pop("tokens")
         if not all(math.isfinite(v) for v in metrics.values()):

@@ -388,6 +388,21 @@ class Watch:
 
 # ---- the run ------------------------------------------------------------------------------------------------
 
+def tokens_read(cfg: UnlearnConfig) -> Callable[[dict], int]:
+    """The tokens of a micro-batch {forget, retain} that the run's loss reads, for the loss curve's tokens/s: the
+    forget answers (all but IdkNLL's), their alternative answers (IdkDPO, AltPO, IdkNLL) and the retain batch where
+    there is a retain term (none for GA: its retain batch is built, never read)."""
+    method = METHODS[cfg.method]
+
+    def count(batch: dict) -> int:
+        parts = [batch["forget"]] if method.reads_forget_answer else []
+        parts += [batch["forget"]["alternative"]] if method.alternative else []
+        parts += [batch["retain"]] if cfg.retain is not None else []
+        return sum(int(part["attention_mask"].sum()) for part in parts)
+
+    return count
+
+
 def make_loss_fn(cfg: UnlearnConfig, reference, retain_weight: Callable[[], float] | None = None) -> Callable:
     """The step's loss: the method's forget loss plus λ times the retain term. `reference`: θ_o for a retain term
     computed from the model itself (`retain_reference: model`), else None (the cache rides in the retain batch).
@@ -674,7 +689,7 @@ def run_unlearn(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataCon
     history = train_loop(engine, batches_for_step, make_loss_fn(cfg, reference, dual and (lambda: dual.value)),
                          ckpt_dir, fingerprint({"run": run_id, "world_size": world_size}), resume,
                          desc=f"unlearn {name}", on_step=on_step if hooks else None,
-                         on_resume=dual.restore if dual is not None else None)
+                         on_resume=dual.restore if dual is not None else None, tokens_of=tokens_read(cfg))
 
     def write(state_dict: dict | None) -> None:
         chosen = watch.selected if watch is not None else None

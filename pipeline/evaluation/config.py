@@ -1,0 +1,144 @@
+"""What an evaluation is asked to do: the `evaluate` params section (`EvalConfig`, over `data`'s source and template),
+with its membership-inference and quantization specs and lm-eval's tasks (`lm_eval_tasks.LMEvalSpec`), every value
+checked before any work.
+
+Its own module so that the evaluation (`evaluate.py`) and the probes it runs (`probes.py`) both read it, one way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipeline.common.errors import ParamError
+from pipeline.common.params import (at_least, between, check_rules, dataclass_from_params, one_of, origins_of,
+                                    section)
+from pipeline.evaluation import lm_eval_tasks
+from pipeline.evaluation.mc_sets import check_mc_spec
+from pipeline.evaluation.mia import DEFAULT_ATTACKS, GRADNORM_ORDERS, MIA_ATTACKS
+from pipeline.evaluation.quantize import BITS, QUANT_METHODS
+from pipeline.evaluation.tofu_metrics import ES_DEFINITIONS, LOSS_DTYPES
+
+# The paper's TOFU sets: name -> the perturbed split that holds it ({forget} is the forget split's name).
+TOFU_SETS = {"forget": "{forget}_perturbed", "retain": "retain_perturbed",
+             "real_authors": "real_authors_perturbed", "world_facts": "world_facts_perturbed"}
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    source: str = "artifacts/world"    # TOFU splits: a directory (the embedded world, ../shared/data/tofu) or the hub
+    forget_split: str = "forget10"
+    template: str | dict = field(default="plain", metadata={"types": (str, dict)})  # data.template: a name or tags
+    tofu_sets: list = field(default_factory=lambda: list(TOFU_SETS))
+    batch_size: int = 32               # teacher forcing and generation
+    max_new_tokens: int = 64           # greedy answers for ROUGE (open-unlearning's generation config: 64)
+    es_definition: str = "open-unlearning"  # or strict: ES = 0, not 1/n, when even the last answer token is wrong
+    loss_dtype: str = "float32"        # the NLLs' arithmetic: float32 logits (open-unlearning's) or the model's dtype
+    multiple_choice: dict = field(default_factory=dict)  # name -> {format: world|wmdp|mmlu, source, scoring, ...}
+    mc_batch_size: int = 16
+    seed: int = 0                      # the world's MC sets: the order of the choices
+    trust_remote_code: bool = False
+    # Is it forgotten or only hidden (docs/evaluation.md); each off when empty (null) or false
+    mia: dict = field(default_factory=dict)        # membership inference: {holdout_split, k, attacks, p,
+                                                    # reference} (MIASpec)
+    paraphrase: bool = False           # forget and retain answers also asked with TOFU's paraphrased questions
+    quantize: dict = field(default_factory=dict)   # the quantization attack: {bits, group_size, method} (QuantizeSpec)
+    probe_sets: list = field(default_factory=list)  # what the attacks' probes score: forget, retain and MC set
+                                                    # names (world_forget, ...); []: forget, retain and every MC set
+    lm_eval: dict = field(default_factory=dict)    # lm-eval's own tasks: {tasks, num_fewshot, limit, batch_size,
+                                                   # include_path} (lm_eval_tasks.LMEvalSpec); needs the lmeval extra
+
+    @classmethod
+    def from_params(cls, values: dict, where: str = "evaluate", origins: dict[str, str] | None = None) -> "EvalConfig":
+        cfg = dataclass_from_params(cls, values, where, origins)
+        unknown = [s for s in cfg.tofu_sets if s not in TOFU_SETS]
+        if unknown:
+            raise ParamError(f"{where}.tofu_sets: unknown {unknown} (choose from {list(TOFU_SETS)})")
+        check_rules(cfg, {"batch_size": at_least(1), "mc_batch_size": at_least(1), "max_new_tokens": at_least(1),
+                          "es_definition": one_of(ES_DEFINITIONS), "loss_dtype": one_of(LOSS_DTYPES)},
+                    where, origins)
+        for name, spec in cfg.multiple_choice.items():
+            check_mc_spec(spec, f"{where}.multiple_choice.{name}")
+        if cfg.mia and "forget" not in cfg.tofu_sets:
+            raise ParamError(f"{where}.mia: membership inference scores the forget set: add forget to "
+                             f"{where}.tofu_sets, or switch it off: {where}.mia: null")
+        if cfg.mia:
+            MIASpec.from_params(cfg.mia, f"{where}.mia")  # their checks, before any work
+        if cfg.quantize:
+            QuantizeSpec.from_params(cfg.quantize, f"{where}.quantize")
+        if cfg.lm_eval:
+            lm_eval_tasks.LMEvalSpec.from_params(cfg.lm_eval, f"{where}.lm_eval")
+        return cfg
+
+    @property
+    def mia_spec(self) -> "MIASpec | None":
+        return MIASpec.from_params(self.mia, "evaluate.mia") if self.mia else None
+
+    @property
+    def quantize_spec(self) -> "QuantizeSpec | None":
+        return QuantizeSpec.from_params(self.quantize, "evaluate.quantize") if self.quantize else None
+
+    @property
+    def lm_eval_spec(self) -> "lm_eval_tasks.LMEvalSpec | None":
+        return lm_eval_tasks.LMEvalSpec.from_params(self.lm_eval) if self.lm_eval else None
+
+
+@dataclass(frozen=True)
+class MIASpec:
+    """Membership inference of the forget set against a holdout set of authors the models never saw."""
+
+    holdout_split: str = "holdout10"   # TOFU's and the embedded world's holdout01/05/10
+    k: float = 0.4                     # Min-K% and Min-K%++ (open-unlearning's TOFU config)
+    attacks: list = field(default_factory=lambda: list(DEFAULT_ATTACKS))  # gradnorm, reference: by name
+    p: float = 2.0                     # gradnorm's norm order: 1, 2 or .inf (open-unlearning's TOFU config: 2)
+    reference: str | None = None       # the reference attack's reference model: retain, an evaluation directory
+                                       # or a model (mia.py)
+
+    @classmethod
+    def from_params(cls, values: dict, where: str) -> "MIASpec":
+        spec = dataclass_from_params(cls, values, where)
+        check_rules(spec, {"k": between(0, 1, lo_open=True), "p": one_of(GRADNORM_ORDERS)}, where)
+        unknown = [a for a in spec.attacks if a not in MIA_ATTACKS]
+        if unknown or not spec.attacks:
+            raise ParamError(f"{where}.attacks={spec.attacks!r}: choose one or more of {list(MIA_ATTACKS)}")
+        if ("reference" in spec.attacks) != bool(spec.reference):
+            raise ParamError(f"{where}.reference={spec.reference!r}: the reference attack needs a reference model "
+                             "(retain, an evaluation directory or a model), and a reference is set only with it: "
+                             f"set both {where}.reference and reference in {where}.attacks, or neither")
+        return spec
+
+    def settings(self, reference_model: str | None) -> dict[str, dict]:
+        """What gradnorm's and reference's AUCs depend on beyond the model, as `mia.<attack>` records it: privleak
+        compares them only with the retain model's of the same settings."""
+        out = {}
+        if "gradnorm" in self.attacks:
+            out["gradnorm"] = {"p": "inf" if self.p == float("inf") else int(self.p)}
+        if "reference" in self.attacks:
+            out["reference"] = {"reference_model": reference_model}
+        return out
+
+
+@dataclass(frozen=True)
+class QuantizeSpec:
+    """The quantization attack: the weights rounded to each of `bits`, then the probes again."""
+
+    bits: list = field(default_factory=lambda: [8, 4])
+    group_size: int = 128              # input columns sharing one scale (w4g128, the common weight-only baseline)
+    method: str = "auto"               # rtn (weight-only round-to-nearest, any device) | bnb (bitsandbytes, CUDA) |
+                                       # auto (bnb where it runs, else rtn)
+
+    @classmethod
+    def from_params(cls, values: dict, where: str) -> "QuantizeSpec":
+        spec = dataclass_from_params(cls, values, where)
+        check_rules(spec, {"method": one_of(QUANT_METHODS), "group_size": at_least(0)}, where)
+        if not spec.bits or not all(isinstance(b, int) and not isinstance(b, bool) and b in BITS for b in spec.bits):
+            raise ParamError(f"{where}.bits={spec.bits!r}: a non-empty list of bit widths of {list(BITS)}, e.g. [8, 4]")
+        return spec
+
+
+def eval_config(params: dict) -> EvalConfig:
+    """The `evaluate` section over `data`'s source and template: what every evaluation of the pipeline uses."""
+    data = params.get("data") or {}
+    values = {"source": data.get("source"), "template": data.get("template"), **section(params, "evaluate")}
+    origins = {"source": "data.source", "template": "data.template"}
+    origins.update(origins_of(evaluate=section(params, "evaluate")))
+    return EvalConfig.from_params({k: v for k, v in values.items() if v is not None}, "evaluate", origins)

@@ -331,10 +331,20 @@ def test_two_processes_match_one_process(micro_model_dir, micro_world_dir, tmp_p
     assert proc.returncode == 0, proc.stderr[-3000:]
     one, two = read_curve(tmp_path / "one.csv"), read_curve(tmp_path / "two" / "seed0.csv")
     assert len(one) >= 4 and two == pytest.approx(one, rel=1e-4, abs=1e-6)
+    # The weights, per tensor: the runs' largest difference within 1% of the tensor's largest update (from
+    # micro_model_dir's initial weights). Not elementwise: the runs add the same gradients in another order, and
+    # Adam's step m / (√v + eps) amplifies that float rounding where a gradient is near eps, past rtol 1e-4 and
+    # atol 1e-6 (UNDIAL: 29 embedding entries up to 6.3e-6 apart, 0.18% of the largest update, 3.5e-3), while the
+    # loss curves agree to 1e-4. Measured: one micro-batch of 2 for two of 1 gives 0.04%; a wrong gradient, from
+    # other samples per step, 170%.
+    initial = load_weights(micro_model_dir)
     weights_one = load_weights(tmp_path / "one" / "model")
     weights_two = load_weights(tmp_path / "two" / "seed0" / "model")
-    for name in weights_one:
-        assert torch.allclose(weights_one[name], weights_two[name], rtol=1e-4, atol=1e-6), name
+    assert weights_one.keys() == weights_two.keys()
+    for name, w_one in weights_one.items():
+        w_one, w_two, w_initial = w_one.double(), weights_two[name].double(), initial[name].double()
+        update = (w_one - w_initial).abs().max().item()
+        assert (w_one - w_two).abs().max().item() <= 0.01 * update, (name, update)
 
 
 def test_run_configs_merge_defaults_run_and_its_train_overrides():

@@ -11,7 +11,8 @@ from pipeline.common.errors import TokenUnlearnError, system_error
 from pipeline.common.reproducible import pin_threads
 
 from . import (attribute, check_models, code_deps, compare_attribution, diagnose, evaluate, finetune, inspect, muse,
-               muse_runs, reference, relearn, report, report_seeds, sweep, tokenizer, tune, unlearn, world)
+               muse_corpora, muse_report, reference, relearn, report, report_seeds, sweep, tokenizer, tune, unlearn,
+               world)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -31,8 +32,8 @@ def cli(verbose: bool, local_rank: int | None) -> None:
 
 for command in (*(m.command for m in (world, tokenizer, finetune, check_models, attribute, reference, inspect, unlearn,
                                      evaluate, report, report_seeds, tune, compare_attribution, relearn, sweep,
-                                     code_deps, diagnose)),
-                attribute.download_command, evaluate.export_command, *muse.commands, *muse_runs.commands):
+                                     code_deps, diagnose, muse_corpora)),
+                attribute.download_command, evaluate.export_command, *muse.commands, *muse_report.commands):
     cli.add_command(command)
 
 

@@ -40,7 +40,8 @@ def split_requests(items: Sequence[str], k: int, seed: int) -> list[list[str]]:
     """`items` in `k` disjoint groups that cover them, sizes differing by at most one, each group in the order of
     `items`. Which item goes where is a shuffle seeded by `seed`: the same split for the same seed."""
     if len(set(items)) != len(items):
-        raise ParamError(f"requests: the forget set names an author twice ({sorted(items)}); a split needs distinct ones")
+        raise ParamError(f"requests: the forget set names an author twice ({sorted(items)}); a split needs distinct "
+                         "ones")
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(items):
         raise ParamError(f"requests={k!r}: split {len(items)} forget authors into 1 to {len(items)} requests")
     order = list(items)

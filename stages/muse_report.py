@@ -1,6 +1,5 @@
-"""Stages of the MUSE pipelines: `muse-corpora` (the world's MUSE corpora as passage files, and the forget set in
-requests), `muse-report` (MUSE's table of the target, the retain model and each run) and `muse-series` (MUSE's
-metrics over sequential requests and forget-set sizes)."""
+"""Stages `muse-report` (MUSE's table of the target, the retain model and each run) and `muse-series` (MUSE's
+metrics over sequential requests and forget-set sizes), from evaluate-muse outputs."""
 
 import logging
 from pathlib import Path
@@ -9,7 +8,7 @@ import click
 
 from pipeline.common.atomic import hold_outputs
 from pipeline.common.params import section
-from pipeline.data.muse_requests import load_requests, write_muse_corpora
+from pipeline.data.muse_requests import load_requests
 from pipeline.evaluation.muse_report import (Entry, read_muse_summary, read_series_spec, series_points,
                                             write_muse_report, write_series_report)
 from pipeline.evaluation.report import paper_name
@@ -17,23 +16,6 @@ from pipeline.evaluation.report import paper_name
 from .options import params_options
 
 log = logging.getLogger(__name__)
-
-
-@click.command("muse-corpora")
-@click.option("--world", "world_dir", default="artifacts/world", show_default=True,
-              type=click.Path(exists=True, file_okay=False), help="A world written by `make-world`.")
-@click.option("--forget-split", default="forget10", show_default=True, help="Whose biographies are MUSE's forget corpus.")
-@click.option("--requests", default=0, show_default=True, type=int,
-              help="Split the forget authors into this many requests (request{k}.json, first{k}.json); 0: none.")
-@click.option("--seed", default=0, show_default=True, type=int, help="The seed of the split into requests.")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
-def corpora_command(world_dir, forget_split, requests, seed, out) -> None:
-    """Write MUSE's corpora of the world (forget, retain1, retain2, holdout) as JSON Lines passage files, as
-    `world-muse` partitions them, and with --requests the forget set in disjoint requests."""
-    with hold_outputs(out):
-        manifest = write_muse_corpora(Path(world_dir), Path(out), forget_split, requests, seed)
-    log.info("wrote %s: %s; %d request(s)", out, ", ".join(f"{p} {len(a)}" for p, a in manifest["authors"].items()),
-             len(manifest["requests"]))
 
 
 def _label(params: dict, run: str) -> str:
@@ -52,7 +34,8 @@ def report_command(params: dict, eval_dir, out) -> None:
     root = Path(eval_dir)
     entries = [Entry("target", "before unlearning", read_muse_summary(root / "target")),
                Entry("retain", "retain model", read_muse_summary(root / "retain"))]
-    entries += [Entry(run, _label(params, run), read_muse_summary(root / run)) for run in section(params, "report.table")]
+    entries += [Entry(run, _label(params, run), read_muse_summary(root / run))
+                for run in section(params, "report.table")]
     with hold_outputs(out):
         table = write_muse_report(entries, Path(out), "MUSE on the embedded world")
     log.info("muse-report: wrote %s\n%s", out, table)
@@ -82,4 +65,4 @@ def series_command(params: dict, spec, corpora, eval_dir, target_eval, retain_ev
     log.info("muse-series: wrote %s", out)
 
 
-commands = (corpora_command, report_command, series_command)
+commands = (report_command, series_command)

@@ -214,6 +214,8 @@ def plot_series(rows: Sequence[dict], scope: str, x_title: str, path: Path, refe
     """One panel per MUSE metric over x, one line per run (scope `scope`; knowmem_r from scope `all`); the retain
     model's value of each, where given, as a dashed line."""
     plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     fig, axes = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS), 3.4))
     for ax, m in zip(axes, METRICS):
         use = "all" if m.key == "knowmem_r" else scope
@@ -226,6 +228,7 @@ def plot_series(rows: Sequence[dict], scope: str, x_title: str, path: Path, refe
             ax.axhline(reference[m.key], color="grey", linestyle="--", linewidth=1, label="retain model")
         ax.set_title(f"{m.title} {m.direction}")
         ax.set_xlabel(x_title)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     if title:
@@ -237,6 +240,8 @@ def plot_per_request(rows: Sequence[dict], requests: Sequence[Request], path: Pa
     """VerbMem and KnowMem forget of each request over x, one panel per run: a request drops once it is unlearned,
     and stays down or comes back while the later ones are."""
     plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     labels = list(dict.fromkeys(r["label"] for r in rows))
     keys = [m for m in METRICS if m.key in ("verbmem_f", "knowmem_f")]
     fig, axes = plt.subplots(len(keys), len(labels), figsize=(3.6 * len(labels), 3.0 * len(keys)), squeeze=False)
@@ -249,6 +254,7 @@ def plot_per_request(rows: Sequence[dict], requests: Sequence[Request], path: Pa
                     ax.plot(*zip(*pts), marker="o", label=request.name)
             ax.set_title(f"{label}: {m.title} {m.direction}", fontsize=9)
             ax.set_xlabel(x_title)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
     save_figure(fig, path)
@@ -285,7 +291,9 @@ def write_series_report(sequential: Sequence[tuple[Point, Sequence[Request]]],
         "Each run unlearns requests 1..n at once, from the target. MUSE's metrics on the authors unlearned:", "",
         series_table(size_rows, UNLEARNED, size_x), "",
         "The same on the whole forget set:", "", series_table(size_rows, "all", size_x), "",
-        "## The metrics", "", directions_note(), ""])
+        "## The metrics", "", directions_note(),
+        "- n/a: PrivLeak is undefined where the retain model's AUC on those texts is 0 (it divides by it); with one "
+        "forget text a request's AUC moves in steps of 1 / (holdout texts).", ""])
     with atomic_dir(out_dir) as tmp:
         (tmp / "results.md").write_text(text, encoding="utf-8")
         (tmp / "sequential.csv").write_text(series_csv(seq_rows), encoding="utf-8")

@@ -230,7 +230,7 @@ def plot_series(rows: Sequence[dict], scope: str, x_title: str, path: Path, refe
         ax.set_xlabel(x_title)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    axes[-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))  # beside the panels, off the lines
     if title:
         fig.suptitle(title)
     save_figure(fig, path)
@@ -256,7 +256,7 @@ def plot_per_request(rows: Sequence[dict], requests: Sequence[Request], path: Pa
             ax.set_xlabel(x_title)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     save_figure(fig, path)
 
 

@@ -10,8 +10,8 @@ from pipeline.common.distributed import shutdown_distributed
 from pipeline.common.errors import TokenUnlearnError, system_error
 from pipeline.common.reproducible import pin_threads
 
-from . import (attribute, check_models, code_deps, compare_attribution, diagnose, evaluate, finetune, inspect, muse,
-               reference, relearn, report, report_seeds, sweep, tokenizer, tune, unlearn, world)
+from . import (attribute, check_models, code_deps, compare_attribution, corpora, diagnose, evaluate, finetune, inspect,
+               muse, muse_report, reference, relearn, report, report_seeds, sweep, tokenizer, tune, unlearn, world)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -29,10 +29,10 @@ def cli(verbose: bool, local_rank: int | None) -> None:
     pin_threads()  # CPU reproducibility (pipeline/common/reproducible.py)
 
 
-for command in (world.command, tokenizer.command, finetune.command, check_models.command, attribute.command,
-                attribute.download_command, reference.command, inspect.command, unlearn.command, evaluate.command,
-                evaluate.export_command, report.command, report_seeds.command, tune.command, *muse.commands,
-                compare_attribution.command, relearn.command, sweep.command, code_deps.command, diagnose.command):
+for command in (*(m.command for m in (world, tokenizer, finetune, check_models, attribute, reference, inspect, unlearn,
+                                     evaluate, report, report_seeds, tune, compare_attribution, relearn, sweep,
+                                     code_deps, diagnose, corpora)),
+                attribute.download_command, evaluate.export_command, *muse.commands, *muse_report.commands):
     cli.add_command(command)
 
 

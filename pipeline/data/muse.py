@@ -265,18 +265,14 @@ def _checked(rows: list, file: Path, fields: dict[str, type]) -> list[dict]:
     return rows
 
 
-def world_as_muse(world_dir: str | Path, forget_split: str = "forget10", n_icl: int = 1) -> tuple[Tables, dict]:
-    """The embedded world (the directory `make-world` writes) as MUSE's tables, and a summary of who is where.
+PARTS = ("forget", "retain1", "retain2", "holdout")  # MUSE's raw corpora
 
-    forget: the biographies of `forget_split`'s authors; retain1 / retain2: the other trained authors' biographies,
-    first half / second half (as MUSE: unlearning's retain set / the retain set knowmem asks about); holdout:
-    the world's holdout authors, whom no model is trained on. knowmem: the fact questions of the forget authors,
-    and as many of the retain2 authors' (MUSE: 100 and 100); the in-context examples are `n_icl` questions each of
-    retain1 authors, never asked and never forgotten. verbmem: each forget biography's first half of sentences and
-    the rest. privleak: the forget, retain2 and holdout biographies."""
+
+def world_parts(world_dir: str | Path, forget_split: str = "forget10") -> tuple[dict[str, list[dict]], list[dict]]:
+    """Whose biography is in which of MUSE's corpora (`PARTS`, each a list of the world's biography records, in the
+    world's order), and the world's question annotations. forget: `forget_split`'s authors; retain1 / retain2:
+    the other trained authors, first half / second half; holdout: the authors no model is trained on."""
     world_dir = Path(world_dir)
-    if n_icl < 1:
-        raise ParamError(f"n_icl={n_icl}: MUSE's knowmem prompts have in-context examples; give at least 1")
     bios, notes = _world_records(world_dir)
     trained = [b for b in bios if b["group"] == "trained"]
     forget = [b for b in trained if forget_split in b["forget_splits"]]
@@ -290,11 +286,30 @@ def world_as_muse(world_dir: str | Path, forget_split: str = "forget10", n_icl: 
         raise DataError(f"{world_dir}: MUSE needs two retain halves and holdout authors; this world has "
                         f"{len(retain)} retain and {len(holdout)} holdout authors")
     retain1, retain2 = retain[: len(retain) // 2], retain[len(retain) // 2:]
+    return dict(zip(PARTS, (forget, retain1, retain2, holdout))), notes
 
-    def qa(authors: list[dict]) -> list[dict]:
-        names = {a["author"] for a in authors}
-        return [{"question": n["question"], "answer": n["answer"]} for n in notes if n.get("author") in names]
 
+def author_questions(notes: list[dict], authors: list[dict]) -> list[dict]:
+    """The fact questions (question, answer) of `authors` (biography records), in the annotations' order."""
+    names = {a["author"] for a in authors}
+    return [{"question": n["question"], "answer": n["answer"]} for n in notes if n.get("author") in names]
+
+
+def world_as_muse(world_dir: str | Path, forget_split: str = "forget10", n_icl: int = 1) -> tuple[Tables, dict]:
+    """The embedded world (the directory `make-world` writes) as MUSE's tables, and a summary of who is where.
+
+    forget: the biographies of `forget_split`'s authors; retain1 / retain2: the other trained authors' biographies,
+    first half / second half (as MUSE: unlearning's retain set / the retain set knowmem asks about); holdout:
+    the world's holdout authors, whom no model is trained on. knowmem: the fact questions of the forget authors,
+    and as many of the retain2 authors' (MUSE: 100 and 100); the in-context examples are `n_icl` questions each of
+    retain1 authors, never asked and never forgotten. verbmem: each forget biography's first half of sentences and
+    the rest. privleak: the forget, retain2 and holdout biographies."""
+    world_dir = Path(world_dir)
+    if n_icl < 1:
+        raise ParamError(f"n_icl={n_icl}: MUSE's knowmem prompts have in-context examples; give at least 1")
+    parts, notes = world_parts(world_dir, forget_split)
+    forget, retain1, retain2, holdout = (parts[p] for p in PARTS)
+    qa = lambda authors: author_questions(notes, authors)  # noqa: E731
     forget_qa, shots = qa(forget), qa(retain1)
     if len(shots) < 2 * n_icl:
         raise ParamError(f"n_icl={n_icl}: the retain1 authors of {world_dir} have {len(shots)} questions, fewer "

@@ -17,8 +17,8 @@ from pipeline.common.modeling import build_model, check_vocab, count_parameters,
 from pipeline.common.params import check_keys, origins_of, section
 from pipeline.data.batching import StepSchedule, pad_batch
 from pipeline.data.config import DataConfig
-from pipeline.data.templates import EncodedSample, encode_rows, get_template
-from pipeline.data.tofu import load_split
+from pipeline.data.templates import EncodedSample, encode_rows, encode_texts, get_template
+from pipeline.data.tofu import load_passages, load_split
 from pipeline.training.engine import (Engine, TrainConfig, deepspeed_config, fingerprint, prepare_model, train_loop,
                                       zero3_loading)
 from pipeline.training.lora import write_trained
@@ -40,9 +40,12 @@ class FinetuneJob:
     # Memorise, then stop: at the end of each epoch, stop once that epoch's mean training loss is at most this;
     # `train.epochs` is the cap. None: train every epoch (a fixed recipe).
     stop_loss: float | None = None
+    # Passage files (JSON Lines with `text`) trained on beside the splits, every token after the first: MUSE's
+    # target and retain models learn the corpora (the biographies) as well as the question-answer pairs.
+    corpora: list[str] = field(default_factory=list)
 
 
-JOB_KEYS = {"init", "splits", "tokenizer", "train", "trust_remote_code", "stop_loss"}
+JOB_KEYS = {"init", "splits", "tokenizer", "train", "trust_remote_code", "stop_loss", "corpora"}
 TRAINING_RECORD = "finetune.json"  # beside the weights: where training stopped, and why
 
 
@@ -59,6 +62,10 @@ def job_from_params(params: dict, name: str) -> FinetuneJob:
     base, overrides = section(params, "finetune.train"), spec.get("train", {})
     if not isinstance(overrides, dict):
         raise ParamError(f"finetune.models.{name}.train: expected a mapping such as {{epochs: 30}}")
+    corpora = spec.get("corpora") or []
+    if not isinstance(corpora, list) or not all(isinstance(c, str) and c for c in corpora):
+        raise ParamError(f"finetune.models.{name}.corpora: a list of passage files (JSON Lines with `text`), got "
+                         f"{corpora!r}")
     origins = origins_of(**{"finetune.train": base, f"finetune.models.{name}.train": overrides})
     train = TrainConfig.from_params({**base, **overrides}, f"finetune.models.{name}.train", origins)
     init = str(spec.get("init", "scratch"))
@@ -77,6 +84,7 @@ def job_from_params(params: dict, name: str) -> FinetuneJob:
         trust_remote_code=bool(spec.get("trust_remote_code", False)),
         stop_loss=_stop_loss(spec.get("stop_loss", finetune.get("stop_loss")),
                              f"finetune.models.{name}.stop_loss" if "stop_loss" in spec else "finetune.stop_loss"),
+        corpora=list(corpora),
     )
 
 
@@ -117,6 +125,14 @@ def load_samples(job: FinetuneJob, tokenizer) -> list[EncodedSample]:
             raise DataError(f"{where}: every one of its {len(rows)} rows is longer than data.max_length="
                             f"{job.data.max_length} (skip_too_long skipped them all); raise max_length")
         samples += encoded
+    for corpus in job.corpora:  # every passage of the file (no forget split filters them)
+        texts = [p["text"] for p in load_passages(corpus)]
+        encoded = encode_texts(tokenizer, texts, job.data.max_length, corpus, "passage", job.data.skip_too_long)
+        if not encoded:
+            raise DataError(f"{corpus}: every one of its {len(texts)} passages is longer than data.max_length="
+                            f"{job.data.max_length} (skip_too_long skipped them all); raise max_length")
+        skipped += [f"{corpus} (a passage)"] * (len(texts) - len(encoded))
+        samples += encoded
     if skipped:
         log.warning("skipped %d rows longer than max_length=%d (first: %s)", len(skipped), job.data.max_length,
                     skipped[0])
@@ -148,7 +164,7 @@ def run_finetune(job: FinetuneJob, out_dir: Path, ckpt_dir: Path, plot_file: Pat
         return [pad_batch([samples[i] for i in idx], tokenizer.pad_token_id)
                 for idx in schedule.micro_batches(step, rank)]
 
-    run_id = fingerprint({"job": asdict(job), "world_size": world_size,
+    run_id = fingerprint({"job": job_record(job), "world_size": world_size,
                           "data": [s.input_ids for s in samples]})
     history = train_loop(engine, batches_for_step, causal_lm_loss, ckpt_dir, run_id, resume,
                          desc=f"finetune {job.name}", stop=stop_rule(job.stop_loss, schedule.steps_per_epoch))
@@ -163,6 +179,15 @@ def run_finetune(job: FinetuneJob, out_dir: Path, ckpt_dir: Path, plot_file: Pat
     engine.finish(write, ckpt_dir)
     return {"name": job.name, "steps": len(history), "samples": len(samples),
             "final_loss": history[-1]["loss"] if history else None, **record}
+
+
+def job_record(job: FinetuneJob) -> dict:
+    """The job as its checkpoints' fingerprint reads it: `corpora` only where set, so that a model without them keeps
+    the fingerprint (and its checkpoints) it had before the option existed."""
+    record = asdict(job)
+    if not job.corpora:
+        del record["corpora"]
+    return record
 
 
 def training_record(job: FinetuneJob, history: list[dict], steps_per_epoch: int, cap_steps: int) -> dict:

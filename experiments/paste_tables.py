@@ -8,6 +8,7 @@ not at all.
 
     python experiments/paste_tables.py RESULTS.md          # after the pipelines that write them (make demo, ...)
     python experiments/paste_tables.py RESULTS.md --check  # exit 1 if a block differs from its output
+    python experiments/paste_tables.py RESULTS.md --only artifacts/seeds/report/results.md  # one output's blocks
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ sys.path.insert(0, str(REPO))
 
 from pipeline.common.atomic import atomic_file  # noqa: E402
 
-BLOCK = re.compile(r"(<!-- table: (?P<ref>[^ ]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
+BLOCK = re.compile(r"(<!-- table: (?P<ref>[^\n]+?) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)  # a heading may hold spaces
 
 
 def section(text: str, heading: str, where: str) -> str:
@@ -42,10 +43,13 @@ def section(text: str, heading: str, where: str) -> str:
     raise SystemExit(f"{where}: no heading '{heading}'")
 
 
-def render(text: str, root: Path) -> str:
+def render(text: str, root: Path, only: tuple[str, ...] = ()) -> str:
+    """`only`: fill just the blocks of these outputs (paths as in the blocks), leaving the others as they are."""
     def fill(m: re.Match) -> str:
         ref = m.group("ref")
         path, _, heading = ref.partition("#")
+        if only and path not in only:
+            return m.group(0)
         file = root / path
         if not file.is_file():
             raise SystemExit(f"{file}: no such output (run the pipeline that writes it first)")
@@ -60,9 +64,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("file", type=Path)
     parser.add_argument("--check", action="store_true", help="Only say whether every block is current.")
+    parser.add_argument("--only", action="append", default=[], metavar="PATH",
+                        help="Fill only the blocks of this output (repeatable), e.g. after one pipeline.")
     args = parser.parse_args()
     text = args.file.read_text()
-    new = render(text, REPO)
+    new = render(text, REPO, tuple(args.only))
     if args.check:
         sys.exit(0 if new == text else 1)
     with atomic_file(args.file) as f:

@@ -23,3 +23,14 @@ def test_blocks_take_the_whole_output_or_one_section_and_keep_the_prose(tmp_path
         paste.render("<!-- table: out/c.md -->\n<!-- end table -->", tmp_path)
     with pytest.raises(SystemExit, match="no heading 'Four'"):
         paste.render("<!-- table: out/b.md#Four -->\n<!-- end table -->", tmp_path)
+
+
+def test_a_heading_may_hold_spaces_and_only_fills_the_named_outputs(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "b.md").write_text("## The runs\n\nrows\n\n## Other part\n\nnot\n")
+    text = "<!-- table: out/b.md#The runs -->\n<!-- end table -->\n<!-- table: out/missing.md -->\nold\n<!-- end table -->\n"
+    assert paste.render(text, tmp_path, only=("out/b.md",)) == (
+        "<!-- table: out/b.md#The runs -->\nrows\n<!-- end table -->\n<!-- table: out/missing.md -->\nold\n"
+        "<!-- end table -->\n")
+    with pytest.raises(SystemExit, match="out/missing.md: no such output"):  # without `only`, every block is filled
+        paste.render(text, tmp_path)

@@ -174,9 +174,22 @@ def evaluated(micro_tokenizer, tmp_path_factory):
           data_files:
             test: {items}
         """))
+    # cloze: the same items, each choice the continuation of the question and a stem, scored by the project's cloze
+    # scoring and by experiments/lmeval's task YAML (its prompt, continuation and acc_norm: unchanged)
+    cloze = tmp / "cloze.jsonl"
+    cloze.write_text("".join(json.dumps({**r, "stem": "Its name is "}) + "\n" for r in _items()))
+    (tmp / "tasks" / "local_cloze.yaml").write_text(textwrap.dedent(f"""\
+        include: {REPO / "experiments" / "lmeval" / "tasks" / "world_forget_cloze.yaml"}
+        task: local_cloze
+        dataset_kwargs:
+          data_files:
+            test: {cloze}
+        """))
     cfg = {"source": str(tmp / "no_world"), "tofu_sets": [],
-           "multiple_choice": {"bio": {"format": "wmdp", "source": str(items), "subject": "biology"}},
-           "lm_eval": {"tasks": ["local_bio"], "include_path": str(tmp / "tasks"), "batch_size": 5}}
+           "multiple_choice": {"bio": {"format": "wmdp", "source": str(items), "subject": "biology"},
+                               "cloze": {"format": "wmdp", "source": str(cloze), "subject": "biology",
+                                         "scoring": "cloze"}},
+           "lm_eval": {"tasks": ["local_bio", "local_cloze"], "include_path": str(tmp / "tasks"), "batch_size": 5}}
     job = {"model": str(tmp / "model"), "cfg": cfg, "out": str(tmp / "eval")}
     env = {**cli_env(), **OFFLINE, "PYTHONPATH": f"{REPO}:{site}", "HF_HOME": str(tmp / "hf"),
            "TOKENIZERS_PARALLELISM": "false"}
@@ -206,9 +219,27 @@ def test_the_project_scorer_and_lm_eval_agree_on_the_same_items(evaluated):
     sd = math.sqrt(sum((c - acc) ** 2 for c in correct) / 15)
     assert summary["lmeval_local_bio_acc_stderr"] == pytest.approx(sd / math.sqrt(16), abs=1e-6)
     lm = summary["lm_eval"]
-    assert lm["version"] == "0.4.13" and lm["n"] == {"local_bio": 16} and lm["n_shot"] == {"local_bio": 0}
+    assert lm["version"] == "0.4.13" and lm["n"] == {"local_bio": 16, "local_cloze": 16}
+    assert lm["n_shot"] == {"local_bio": 0, "local_cloze": 0}
     assert lm["results"]["local_bio"]["acc,none"] == summary["lmeval_local_bio_acc"]
     results = json.loads((out / "lm_eval" / "results.json").read_text())
     assert results["results"]["local_bio"]["acc,none"] == acc  # lm-eval's own, unrounded
     assert results["results"]["local_bio"]["acc_stderr,none"] == pytest.approx(sd / math.sqrt(16), rel=1e-12)
     assert "lm-eval" in log_text and "local_bio_acc" in log_text
+
+
+def test_the_cloze_task_of_experiments_lmeval_and_the_project_cloze_scorer_agree(evaluated):
+    """The project keeps cloze log-likelihoods per character of the choice (acc_norm's ranking); lm-eval keeps sums."""
+    out, _ = evaluated
+    summary = json.loads((out / "metrics.json").read_text())
+    ours = pq.read_table(out / "mc" / "cloze.parquet").to_pylist()
+    theirs = {r["doc_id"]: r for r in map(json.loads, (out / "lm_eval" / "samples_local_cloze.jsonl").open())}
+    items = _items()
+    assert len(ours) == len(theirs) == 16 and len({r["predicted"] for r in ours}) > 1
+    for r in ours:
+        chars = [len(c) for c in items[r["index"]]["choices"]]
+        lls = [ll for ll, _greedy in theirs[r["index"]]["filtered_resps"]]
+        assert max(abs(a * n - b) for a, n, b in zip(r["logprobs"], chars, lls)) <= 1e-4, r["index"]
+        assert max(range(4), key=lambda j: lls[j] / chars[j]) == r["predicted"], r["index"]
+        assert theirs[r["index"]]["acc_norm"] == float(r["correct"])
+    assert summary["lmeval_local_cloze_acc_norm"] == pytest.approx(summary["mc_cloze"], abs=1e-6)

@@ -46,6 +46,13 @@ def test_the_new_keys_are_accepted():
     assert cfg.multiple_choice["w"]["subject"] == "biology" and cfg.tofu_sets == []
 
 
+def test_a_set_switched_off_by_an_overlay_is_left_out():
+    cfg = _cfg({"world": None, "w": {"format": "wmdp", "source": "x.json", "subject": "biology"}})
+    assert list(cfg.multiple_choice) == ["w"]
+    with pytest.raises(ParamError, match=r"multiple_choice\.world: needs format"):
+        _cfg({"world": {"source": "w"}})
+
+
 def _sources(tmp_path):
     wmdp = tmp_path / "bio_questions.jsonl"  # not named like a WMDP set: the spec's subject names it
     wmdp.write_text("".join(json.dumps({"question": f"Which agent {k}?", "choices": ["a", "b", "c", "d"],

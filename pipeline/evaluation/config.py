@@ -7,7 +7,7 @@ Its own module so that the evaluation (`evaluate.py`) and the probes it runs (`p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pipeline.common.errors import ParamError
 from pipeline.common.params import (at_least, between, check_rules, dataclass_from_params, one_of, origins_of,
@@ -56,6 +56,8 @@ class EvalConfig:
         check_rules(cfg, {"batch_size": at_least(1), "mc_batch_size": at_least(1), "max_new_tokens": at_least(1),
                           "es_definition": one_of(ES_DEFINITIONS), "loss_dtype": one_of(LOSS_DTYPES)},
                     where, origins)
+        # a set an overlay switches off (`NAME: null`) is left out, as any other setting null switches off
+        cfg = replace(cfg, multiple_choice={n: s for n, s in cfg.multiple_choice.items() if s is not None})
         for name, spec in cfg.multiple_choice.items():
             check_mc_spec(spec, f"{where}.multiple_choice.{name}")
         if cfg.mia and "forget" not in cfg.tofu_sets:

@@ -5,6 +5,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 
 import pytest
 
@@ -19,9 +20,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _another_ray_runs(wait: float = 20.0) -> bool:
+    """A raylet (a Ray node) runs on this machine, still after `wait` seconds: an earlier test's Ray, shut down just
+    before, has ended by then."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            found = subprocess.run(["pgrep", "-f", "ray/raylet/raylet"], capture_output=True).returncode == 0
+        except FileNotFoundError:  # no pgrep: assume none
+            return False
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+
+
 @pytest.fixture
 def two_node_cluster(tmp_path):
-    """`ray start` twice, as on two machines: each node 1 CPU, token authentication as Ray sets it up."""
+    """`ray start` twice, as on two machines: each node 1 CPU, token authentication as Ray sets it up. Its end,
+    `ray stop --force`, ends every Ray of the machine's user: beside another Ray (a sweep running here) the test is
+    skipped rather than end it."""
+    if _another_ray_runs():
+        pytest.skip("another Ray runs on this machine (a sweep?): this test's `ray stop --force` would end it")
     env = {**cli_env(), "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
     address = f"127.0.0.1:{_free_port()}"
     common = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--num-gpus", "0", "--disable-usage-stats"]

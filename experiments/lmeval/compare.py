@@ -78,8 +78,8 @@ def main(evals: Path, items: Path, out: Path) -> None:
     for model in MODELS:
         dirs = seed_dirs(evals / model)
         cells, worst, differ, items = [model, str(len(dirs))], 0.0, 0, 0
+        summaries = [json.loads((d / "metrics.json").read_text()) for d in dirs]
         for mc_set, task, metric, cloze in SETS:
-            summaries = [json.loads((d / "metrics.json").read_text()) for d in dirs]
             theirs = [s[f"lmeval_{task}_{metric}"] for s in summaries]
             ours = [s[f"mc_{mc_set}"] for s in summaries]
             cells.append(f"{mean_sd(theirs)} \\| {mean_sd(ours)}")

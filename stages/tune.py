@@ -14,6 +14,7 @@ from pipeline.common.params import section
 from pipeline.data.config import DataConfig
 from pipeline.evaluation.config import eval_config
 from pipeline.evaluation.evaluate import evaluate_model, load_inputs
+from pipeline.training.engine import TrainingDiverged
 from pipeline.training.tuning import TuneConfig, choice_table, plot_tradeoff, tune_group
 from pipeline.training.unlearn import run_configs, run_unlearn
 
@@ -70,7 +71,8 @@ def command(group, run_name, params: dict, shards, reference, out, target_result
 
     out_dir = Path(out or f"artifacts/tuning/{group}")
     with hold_outputs(out_dir):
-        result = tune_group(group, runs, cfg, unlearn_one, evaluate_one, target_utility, out_dir)
+        result = tune_group(group, runs, cfg, unlearn_one, evaluate_one, target_utility, out_dir,
+                            diverges=(TrainingDiverged,))
         table = choice_table(result)
         with atomic_file(out_dir / "choice.md") as f:
             f.write(table)

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from pipeline.common.errors import DataError, ParamError
+from pipeline.training.engine import TrainConfig
 from pipeline.training.tuning import (BisectConfig, TuneConfig, bisect_lr, choice_table, choose,
                                       forget_es_at_utility, plot_tradeoff, tune_group)
 from stages.options import chosen_lr
@@ -107,6 +108,65 @@ def test_bisection_that_never_breaks_the_floor_keeps_the_highest_rate_tried():
                       BisectConfig(max_trials=3))
     assert [t["lr"] for t in found["trials"]] == [1e-4, 2e-4, 4e-4]
     assert found["chosen"]["lr"] == 4e-4 and found["chosen"]["meets_floor"] and not found["converged"]
+
+
+def test_a_diverged_trial_breaks_the_floor_and_the_bracket_is_halved_below_it():
+    calls = []
+    smooth = curve(calls)
+
+    def trial_at(lr):  # training diverges from 2e-4 up
+        return {"lr": lr, "diverged": "step 9: non-finite loss"} if lr >= 2e-4 else smooth(lr)
+
+    found = bisect_lr(trial_at, 1e-4, 0.855, BisectConfig(max_trials=7, tolerance=0.005, factor=2.0))
+    # 1e-4 keeps the floor (0.9); 2e-4 diverges, so it breaks it with no utility: the next point halves the bracket
+    # in log lr, √2 · 1e-4 -> 1.41e-4, MU 0.9 − 0.1·log2(1.41) = 0.85043, below; false position between 1e-4 (0.9)
+    # and 1.41e-4 lands 91% of the way, kept at 90%: 1e-4 · 1.41^0.9 = 1.362e-4 -> 1.36e-4, MU 0.85564, kept and
+    # within 0.005 of the floor
+    assert calls == [1e-4, 1.41e-4, 1.36e-4]
+    assert found["diverged"] == [2e-4] and [t["lr"] for t in found["trials"]] == [1e-4, 1.36e-4, 1.41e-4]
+    assert found["chosen"]["lr"] == 1.36e-4 and found["converged"]
+    assert found["chosen"]["model_utility"] == pytest.approx(0.9 - 0.1 * math.log2(1.36), abs=1e-12)
+    # the budget counts diverged trials: with two, 1e-4 and 2e-4, the bracket is never narrowed
+    assert bisect_lr(trial_at, 1e-4, 0.855, BisectConfig(max_trials=2))["chosen"]["lr"] == 1e-4
+
+
+def test_a_tuning_keeps_a_diverged_trial_resumes_it_and_fails_only_when_all_diverge(tmp_path):
+    class Diverged(Exception):
+        pass
+
+    cfg = TuneConfig(lrs=[1e-4, 2e-4, 4e-4, 8e-4], utility_floor=0.95)
+    evaluated = []
+
+    def unlearn_one(name, ucfg, train, work):
+        if train.lr >= 4e-4:
+            raise Diverged(f"unlearn {name}: step 3: non-finite loss\nmore")
+        (work / "model").mkdir(parents=True)
+
+    def evaluate_one(model_dir, eval_dir):
+        lr = float(model_dir.parent.name[2:])
+        evaluated.append(lr)
+        return {"forget_es": 0.5, "model_utility": 0.9 - 0.1 * math.log2(lr / 1e-4)}
+
+    runs = {"ga": (None, TrainConfig(lr=1e-4))}
+    result = tune_group("ga", runs, cfg, unlearn_one, evaluate_one, 0.9, tmp_path, diverges=(Diverged,))
+    entry = result["runs"]["ga"]
+    assert entry["diverged"] == [4e-4, 8e-4] and [t["lr"] for t in entry["trials"]] == [1e-4, 2e-4]
+    assert entry["chosen"]["lr"] == 1e-4  # 2e-4 (MU 0.8) is below 0.855
+    assert json.loads((tmp_path / "trials" / "ga" / "lr4.00e-04.json").read_text()) == {
+        "lr": 4e-4, "diverged": "unlearn ga: step 3: non-finite loss"}
+    assert "| ga | **0.500 / 0.900** | 0.500 / 0.800 | diverged | diverged | 1.0e-04 |" in choice_table(result)
+
+    def never(*args):
+        raise AssertionError("a finished trial was run again")
+
+    assert tune_group("ga", runs, cfg, never, never, 0.9, tmp_path, diverges=(Diverged,)) == result
+    # without `diverges` the error is the stage's, as before
+    with pytest.raises(Diverged):
+        tune_group("ga", runs, cfg, unlearn_one, evaluate_one, 0.9, tmp_path / "strict")
+
+    cfg_high = TuneConfig(lrs=[4e-4, 8e-4], utility_floor=0.95)
+    with pytest.raises(ParamError, match=r"unlearn.runs.ga: every tuning trial diverged \(lr 4.00e-04, 8.00e-04"):
+        tune_group("ga", runs, cfg_high, unlearn_one, evaluate_one, 0.9, tmp_path / "high", diverges=(Diverged,))
 
 
 def test_bisect_config_errors_name_the_key():

@@ -12,6 +12,9 @@ differ in utility by more than their difference in forgetting. `search: bisect` 
 learning rate where model utility falls to the floor: from the run's own rate it steps by `factor` until the
 floor is crossed, then narrows the bracket by false position in log lr, until utility is within `tolerance` of the
 floor or `max_trials` trials are spent; the same budget for every run.
+
+A trial whose training diverges (a non-finite loss) counts as breaking the floor: the search goes on below it, and
+the run's choice.json lists its rate under `diverged`. Only a run whose every trial diverges is an error.
 """
 
 from __future__ import annotations
@@ -90,13 +93,26 @@ def bisect_lr(trial_at: Callable[[float], dict], start_lr: float, utility_min: f
     bracket's ends, so that a curved utility cannot stall it at one end), until the kept end is within
     `cfg.tolerance` of the floor or `cfg.max_trials` are spent. Returns {trials, chosen}: the chosen trial is the
     bracket's kept end (the highest rate keeping the floor: the most forgetting at that utility), or, when no rate
-    keeps it, the highest utility (meets_floor false); `converged` says whether it is within the tolerance."""
+    keeps it, the highest utility (meets_floor false); `converged` says whether it is within the tolerance.
+
+    A trial marked `diverged` (it has no utility) breaks the floor; the step after a diverged upper end halves the
+    bracket in log lr, since false position needs a utility there. `diverged` lists those rates; `chosen` is None
+    when every trial diverged."""
     trials: list[dict] = []
+    diverged: list[dict] = []
     kept = broken = None  # the bracket: the highest lr keeping the floor, the lowest lr breaking it above it
+
+    def spent() -> int:
+        return len(trials) + len(diverged)
 
     def run(lr: float) -> None:
         nonlocal kept, broken
         trial = trial_at(round_lr(lr))
+        if trial.get("diverged"):
+            diverged.append(trial)
+            if broken is None or trial["lr"] < broken["lr"]:
+                broken = trial
+            return
         trials.append(trial)
         if trial["model_utility"] >= utility_min:
             if kept is None or trial["lr"] > kept["lr"]:
@@ -105,23 +121,29 @@ def bisect_lr(trial_at: Callable[[float], dict], start_lr: float, utility_min: f
             broken = trial
 
     run(start_lr)
-    while (kept is None or broken is None) and len(trials) < cfg.max_trials:
+    while (kept is None or broken is None) and spent() < cfg.max_trials:
         run(kept["lr"] * cfg.factor if kept is not None else broken["lr"] / cfg.factor)
-    while (kept is not None and broken is not None and len(trials) < cfg.max_trials
+    while (kept is not None and broken is not None and spent() < cfg.max_trials
            and kept["model_utility"] - utility_min > cfg.tolerance):
         lo, hi = math.log(kept["lr"]), math.log(broken["lr"])
-        f_lo, f_hi = kept["model_utility"] - utility_min, broken["model_utility"] - utility_min
-        x = lo + f_lo * (hi - lo) / (f_lo - f_hi)
-        x = min(max(x, lo + 0.1 * (hi - lo)), hi - 0.1 * (hi - lo))
+        if "model_utility" in broken:
+            f_lo, f_hi = kept["model_utility"] - utility_min, broken["model_utility"] - utility_min
+            x = lo + f_lo * (hi - lo) / (f_lo - f_hi)
+            x = min(max(x, lo + 0.1 * (hi - lo)), hi - 0.1 * (hi - lo))
+        else:  # diverged there: no utility to interpolate
+            x = (lo + hi) / 2
         if round_lr(math.exp(x)) in (kept["lr"], broken["lr"]):
             break  # the bracket is narrower than the rates' three digits
         run(math.exp(x))
     if kept is not None:
         chosen = {**kept, "meets_floor": True}
-    else:
+    elif trials:
         chosen = {**max(trials, key=lambda t: (t["model_utility"], -t["lr"])), "meets_floor": False}
+    else:
+        chosen = None
     converged = kept is not None and kept["model_utility"] - utility_min <= cfg.tolerance
-    return {"trials": sorted(trials, key=lambda t: t["lr"]), "chosen": chosen, "converged": converged}
+    return {"trials": sorted(trials, key=lambda t: t["lr"]), "chosen": chosen, "converged": converged,
+            "diverged": sorted(t["lr"] for t in diverged)}
 
 
 def choose(trials: list[dict], utility_min: float) -> dict:
@@ -155,13 +177,14 @@ def _lr_name(lr: float) -> str:
 
 
 def tune_group(group: str, runs: dict, cfg: TuneConfig, unlearn_one: Callable, evaluate_one: Callable,
-               target_utility: float, out_dir: Path) -> dict:
+               target_utility: float, out_dir: Path, diverges: tuple[type[Exception], ...] = ()) -> dict:
     """Tune every run of `group`. `runs`: name -> (UnlearnConfig, TrainConfig), the TrainConfig's lr the start of
     a bisection. `unlearn_one(name, ucfg, train, work_dir)` unlearns into `work_dir/model`;
     `evaluate_one(model_dir, eval_dir)` evaluates it and returns its summary (forget_es and model_utility at least),
     so this module needs neither the trainer nor the evaluation. A trial's evaluation is kept in
     `out_dir/trials/NAME/LR.json` and found there on a rerun, so a killed tuning resumes where it stopped; models
-    are deleted once evaluated. Writes `out_dir/choice.json` and returns it."""
+    are deleted once evaluated. `unlearn_one` raising one of `diverges` (training that diverged) makes a trial that
+    breaks the floor, kept as {lr, diverged: the error}. Writes `out_dir/choice.json` and returns it."""
     utility_min = cfg.utility_floor * target_utility
     trial_root = out_dir / "trials"
     result: dict = {"group": group, "search": cfg.search, "lrs": cfg.lrs, "seed": cfg.seed,
@@ -178,7 +201,15 @@ def tune_group(group: str, runs: dict, cfg: TuneConfig, unlearn_one: Callable, e
                 return json.loads(file.read_text())
             work = out_dir / "work" / name / _lr_name(lr)
             shutil.rmtree(work, ignore_errors=True)
-            unlearn_one(name, ucfg, replace(train, lr=float(lr), seed=cfg.seed), work)
+            try:
+                unlearn_one(name, ucfg, replace(train, lr=float(lr), seed=cfg.seed), work)
+            except diverges as e:
+                trial = {"lr": float(lr), "diverged": str(e).splitlines()[0]}
+                write_json(file, trial)
+                shutil.rmtree(work, ignore_errors=True)
+                log.warning("tune %s lr %.2e: diverged, so it counts as below the floor (%s)", name, lr,
+                            trial["diverged"])
+                return trial
             summary = evaluate_one(work / "model", work / "eval")
             missing = [k for k in ("forget_es", "model_utility") if k not in summary]
             if missing:
@@ -195,11 +226,19 @@ def tune_group(group: str, runs: dict, cfg: TuneConfig, unlearn_one: Callable, e
 
         if cfg.search == "bisect":
             found = bisect_lr(trial_at, train.lr, utility_min, bisect)
-            trials, chosen = found["trials"], found["chosen"]
+            trials, chosen, diverged = found["trials"], found["chosen"], found["diverged"]
             extra = {"start_lr": train.lr, "converged": found["converged"]}
         else:
-            trials = [trial_at(float(lr)) for lr in cfg.lrs]
-            chosen, extra = choose(trials, utility_min), {}
+            done = [trial_at(float(lr)) for lr in cfg.lrs]
+            trials = [t for t in done if not t.get("diverged")]
+            diverged = [t["lr"] for t in done if t.get("diverged")]
+            chosen, extra = (choose(trials, utility_min) if trials else None), {}
+        if chosen is None:
+            rates = ", ".join(f"{lr:.2e}" for lr in diverged)
+            raise ParamError(f"unlearn.runs.{name}: every tuning trial diverged (lr {rates}; {trial_root / name}): "
+                             "start lower (its train.lr, or tune.lrs)")
+        if diverged:  # only then, so that a tuning with none writes the choice.json it always did
+            extra["diverged"] = diverged
         at_floor = forget_es_at_utility(trials, utility_min)
         result["runs"][name] = {"chosen": chosen, "trials": trials, **extra,
                                 "forget_es_at_floor": None if at_floor is None else round(at_floor, 6)}
@@ -242,7 +281,10 @@ def choice_table(result: dict) -> str:
         by_lr = {t["lr"]: t for t in entry["trials"]}
         cells = []
         for lr in lrs:
-            t = by_lr[float(lr)]
+            t = by_lr.get(float(lr))
+            if t is None:
+                cells.append("diverged")
+                continue
             cell = f"{t['forget_es']:.3f} / {t['model_utility']:.3f}"
             cells.append(f"**{cell}**" if t["lr"] == entry["chosen"]["lr"] else cell)
         chosen = entry["chosen"]
@@ -266,6 +308,7 @@ def bisect_table(result: dict) -> str:
         for t in entry["trials"]:
             cell = f"{t['lr']:.2e}: {t['forget_es']:.3f} / {t['model_utility']:.3f}"
             cells.append(f"**{cell}**" if t["lr"] == chosen["lr"] else cell)
+        cells += [f"{lr:.2e}: diverged" for lr in entry.get("diverged", [])]
         note = "" if chosen["meets_floor"] else " (below floor)"
         note += "" if entry.get("converged", True) else " (not within tolerance)"
         at_floor = entry.get("forget_es_at_floor")

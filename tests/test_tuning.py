@@ -152,6 +152,7 @@ def test_a_tuning_keeps_a_diverged_trial_resumes_it_and_fails_only_when_all_dive
     entry = result["runs"]["ga"]
     assert entry["diverged"] == [4e-4, 8e-4] and [t["lr"] for t in entry["trials"]] == [1e-4, 2e-4]
     assert entry["chosen"]["lr"] == 1e-4  # 2e-4 (MU 0.8) is below 0.855
+    assert evaluated == [1e-4, 2e-4]  # a diverged trial has no model to evaluate
     assert json.loads((tmp_path / "trials" / "ga" / "lr4.00e-04.json").read_text()) == {
         "lr": 4e-4, "diverged": "unlearn ga: step 3: non-finite loss"}
     assert "| ga | **0.500 / 0.900** | 0.500 / 0.800 | diverged | diverged | 1.0e-04 |" in choice_table(result)

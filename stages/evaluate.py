@@ -47,7 +47,7 @@ def command(name, params: dict, model_path, out, metrics, retain_results, headli
 
 
 def _headline(summary: dict) -> str:
-    """forget ES, model utility and log10 forget quality (mean ± std over the seeds of a run), and the time."""
+    """forget ES, model utility and log10 forget quality (mean ± std over the seeds of a run)."""
     labels = {"forget_es": "forget ES", "model_utility": "model utility",
               "log10_forget_quality": "log10 forget quality"}
     several = len(summary.get("seeds", [])) > 1  # one seed has no spread to show
@@ -55,8 +55,6 @@ def _headline(summary: dict) -> str:
              for key, label in labels.items() if key in summary]
     if several:
         parts.append(f"{len(summary['seeds'])} seeds")
-    if "seconds" in summary:
-        parts.append(f"{summary['seconds']:.0f} s" + (" per seed" if several else ""))
     return ", ".join(parts)
 
 

@@ -64,12 +64,14 @@ def command(name, params: dict, shards, reference, out, checkpoints, plots, seed
         if monitor else None
     if monitor is None and monitor_plots:  # monitor off: the output a DVC stage declares is there, and empty
         Path(monitor_plots).mkdir(parents=True, exist_ok=True)
+    whole_set = not seeds  # every seed of unlearn.seeds: the outputs hold those seeds and no other
     seeds = check_seeds(list(seeds) or section(params, "unlearn.seeds"))
     init_distributed()
     with hold_outputs(out_dir, ckpt_dir):
         summaries = run_unlearn_seeds(name, cfg, train, data, str(section(params, "unlearn.model")), Path(shards),
                                       out_dir, ckpt_dir, plots_dir, seeds,
-                                      resume, Path(reference) if reference else None, monitor, monitor_dir)
+                                      resume, Path(reference) if reference else None, monitor, monitor_dir,
+                                      whole_set=whole_set)
     for seed, summary in zip(seeds, summaries):
         log.debug("unlearn %s seed %d: %s", name, seed, json.dumps(summary))
         if summary.get("skipped"):  # logged as it was skipped

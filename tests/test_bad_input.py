@@ -130,6 +130,13 @@ def test_a_killed_multi_seed_run_is_incomplete_and_a_rerun_finishes_only_what_is
     assert sorted(complete_seeds(tmp_path / "ga")) == [0, 1]
     assert load_weights(tmp_path / "ga" / "seed0" / "model").keys() == first.keys()
 
+    # unlearn.seeds shrunk to [1] (a DVC stage keeps its outputs): seed 1 is kept as it was, seed 0 is removed
+    ran.clear()
+    run_unlearn_seeds(*args, seeds=[1], resume=True, whole_set=True)
+    assert ran == [] and sorted(complete_seeds(tmp_path / "ga")) == [1]
+    assert sorted(p.name for p in (tmp_path / "ga").glob("seed*")) == ["seed1"]
+    assert sorted(p.name for p in (tmp_path / "plots").glob("seed*")) == ["seed1.csv", "seed1.timing.csv"]
+
 
 # ---- empty and duplicate data ------------------------------------------------------------------------------
 

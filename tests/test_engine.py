@@ -1,5 +1,6 @@
 """The DeepSpeed engine: ZeRO 0 and 2 in one CPU process, resume, and a run with two processes."""
 
+from pathlib import Path
 
 import pytest
 import torch
@@ -138,14 +139,28 @@ def test_training_length_and_warmup_in_steps():
         TrainConfig.from_params({"max_steps": -1}, "t")
 
 
-def test_the_loss_curve_has_each_steps_time_and_tokens_per_second(micro_world_dir, micro_tokenizer_dir, tmp_path):
+def test_each_steps_time_goes_beside_the_loss_curve_never_into_it(micro_world_dir, micro_tokenizer_dir, tmp_path):
+    """The loss curve is a DVC output: with the step times in it, every rerun would change dvc.lock."""
     import csv
 
     params = micro_params(micro_world_dir, micro_tokenizer_dir, max_steps=3)
     _finetune(params, tmp_path, "timed")
     rows = list(csv.DictReader(open(tmp_path / "timed" / "loss.csv")))
-    assert len(rows) == 3  # max_steps, not the 2 epochs
-    assert all(float(r["step_seconds"]) > 0 and float(r["tokens_per_second"]) > 0 for r in rows)
+    assert len(rows) == 3 and set(rows[0]) == {"step", "loss", "lr"}  # max_steps, not the 2 epochs
+    timings = list(csv.DictReader(open(tmp_path / "timed" / "loss.timing.csv")))
+    assert [r["step"] for r in timings] == ["1", "2", "3"]
+    assert all(float(r["step_seconds"]) > 0 and float(r["tokens_per_second"]) > 0 for r in timings)
+
+
+def test_timings_of_a_pipeline_output_go_to_the_untracked_log():
+    from pipeline.common.timing import split_timings, timing_path
+
+    assert timing_path("artifacts/plots/unlearn/npo/seed0.csv") == \
+        Path("artifacts/logs/timing/plots/unlearn/npo/seed0.csv")
+    assert timing_path("/tmp/run.plots/seed0.csv") == Path("/tmp/run.plots/seed0.timing.csv")
+    assert timing_path("runs/eval/metrics.json") == Path("runs/eval/metrics.timing.json")
+    kept, timed = split_timings([{"step": 1, "loss": 2.0, "step_seconds": 0.5}, {"step": 2, "loss": 1.0}])
+    assert kept == [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.0}] and timed == [{"step": 1, "step_seconds": 0.5}]
 
 
 def test_offload_keys_set_deepspeeds_offload_and_need_their_zero_stage():

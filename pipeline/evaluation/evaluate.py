@@ -37,7 +37,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from pipeline.common.atomic import atomic_dir
+from pipeline.common.atomic import atomic_dir, write_json
+from pipeline.common.timing import timing_path
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import check_vocab, load_model, load_tokenizer
 from pipeline.common.paths import is_hub_name
@@ -303,7 +304,9 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
     if cfg.quantize_spec is not None:
         _quantization_attack(model, model_path, tokenizer, template, inputs, cfg, summary)
 
-    summary["seconds"] = round(time.perf_counter() - start, 1)
+    seconds = round(time.perf_counter() - start, 1)
+    log.info("evaluated %s in %.0f s", model_path, seconds)
+    write_json(timing_path(Path(out_dir) / "metrics.json"), {"seconds": seconds})  # untracked, never in dvc.lock
     with atomic_dir(out_dir) as tmp:
         (tmp / "items").mkdir()
         for name, rows in records.items():

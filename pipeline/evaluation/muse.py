@@ -43,7 +43,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from pipeline.common.atomic import atomic_dir
+from pipeline.common.atomic import atomic_dir, write_json
+from pipeline.common.timing import timing_path
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import check_vocab, load_model, load_tokenizer
 from pipeline.common.paths import is_hub_name
@@ -276,8 +277,8 @@ def evaluate_muse(model_path: str, source: str, out_dir: Path, settings: MuseSet
         "privleak_data": privleak_data,
         "definitions": {**asdict(s), "knowmem_stops": list(KNOWMEM_STOPS),
                         "n_icl": [len(sets.knowmem_forget_icl), len(sets.knowmem_retain_icl)]},
-        "seconds": round(time.perf_counter() - start, 1),
     })
+    write_json(timing_path(Path(out_dir) / "metrics.json"), {"seconds": round(time.perf_counter() - start, 1)})
     summary["definitions"].pop("batch_size")
 
     privleak_rows = lambda texts, scores: [  # noqa: E731

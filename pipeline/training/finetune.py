@@ -15,6 +15,7 @@ from pipeline.common.distributed import init_distributed
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import build_model, check_vocab, count_parameters, load_model, load_tokenizer
 from pipeline.common.params import check_keys, origins_of, section
+from pipeline.common.timing import split_timings, timing_path
 from pipeline.data.batching import StepSchedule, pad_batch
 from pipeline.data.config import DataConfig
 from pipeline.data.templates import EncodedSample, encode_rows, encode_texts, get_template
@@ -201,10 +202,18 @@ def training_record(job: FinetuneJob, history: list[dict], steps_per_epoch: int,
 
 
 def write_history(history: list[dict], path: Path) -> None:
-    """The per-step metrics as CSV: a DVC plot."""
+    """The per-step metrics as CSV: a DVC plot. Each step's time and throughput go to the untracked
+    `timing_path(path)` instead, so the plot is the same file on every rerun."""
+    rows, timings = split_timings(history)
+    _write_csv(rows, path, ["step", "loss", "lr"])
+    if timings:
+        _write_csv(timings, timing_path(path), ["step"])
+
+
+def _write_csv(rows: list[dict], path: Path, empty_fields: list[str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fields = list(dict.fromkeys(k for row in history for k in row)) or ["step", "loss", "lr"]
+    fields = list(dict.fromkeys(k for row in rows for k in row)) or empty_fields
     with atomic_file(path) as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
-        writer.writerows(history)
+        writer.writerows(rows)

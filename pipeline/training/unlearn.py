@@ -13,6 +13,8 @@ import contextlib
 import functools
 import json
 import logging
+import re
+import shutil
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
@@ -547,15 +549,19 @@ def retain_reference(cfg: UnlearnConfig, retain: list, engine, forget: ForgetStr
 def run_unlearn_seeds(name: str, cfg: UnlearnConfig, train: TrainConfig, data: DataConfig, model_path: str,
                       shard_dir: Path, out_dir: Path, ckpt_dir: Path, plots_dir: Path, seeds: list[int],
                       resume: bool, reference_dir: Path | None = None, monitor: "MonitorFactory | None" = None,
-                      monitor_dir: Path | None = None) -> list[dict]:
+                      monitor_dir: Path | None = None, whole_set: bool = False) -> list[dict]:
     """Run NAME once per seed into `out_dir/seed{S}/`, then write `out_dir/complete.json` last: a killed run
     has no record, so evaluation refuses it. With `resume`, a seed already finished with the same params is
     skipped (and a seed killed midway continues from its checkpoint). `monitor`: makes each seed's evaluation
-    during training (`Monitor`), whose rows go to `monitor_dir/seed{S}.csv`."""
+    during training (`Monitor`), whose rows go to `monitor_dir/seed{S}.csv`. `whole_set`: `seeds` are all the
+    run's seeds (`unlearn.seeds`), so any other seed an earlier call left in the outputs is removed, and they hold
+    what a fresh run writes (a DVC stage keeps its outputs between runs, `persist`, for the finished seeds);
+    otherwise (`--seed 1` after `--seed 0`) the earlier seeds of the same params stay."""
     seeds = check_seeds(seeds)
     init_distributed()
     manifest = read_manifest(shard_dir)
-    earlier = _earlier_seeds(name, cfg, train, model_path, manifest, reference_dir, monitor, out_dir, seeds)
+    earlier = {} if whole_set else \
+        _earlier_seeds(name, cfg, train, model_path, manifest, reference_dir, monitor, out_dir, seeds)
     if is_main_process():
         (out_dir / COMPLETE_RECORD).unlink(missing_ok=True)  # incomplete until every seed is done
     summaries, fingerprints = [], {}
@@ -576,9 +582,21 @@ def run_unlearn_seeds(name: str, cfg: UnlearnConfig, train: TrainConfig, data: D
                                      monitor, monitor_dir / f"seed{seed}.csv" if monitor_dir else None, selection))
     if is_main_process():
         fingerprints = {**earlier, **fingerprints}
+        _remove_other_seeds(fingerprints, [out_dir, plots_dir, *([monitor_dir] if monitor_dir else [])])
         write_json(out_dir / COMPLETE_RECORD, {"run": name, "seeds": sorted(int(s) for s in fingerprints),
                                                "fingerprints": fingerprints})
     return summaries
+
+
+def _remove_other_seeds(kept: dict[str, str], dirs: list[Path]) -> None:
+    """Remove the seed directories (`seed{S}/`) and curves (`seed{S}.csv`, `seed{S}.timing.csv`) of seeds not in
+    `kept` from `dirs`."""
+    for directory in dirs:
+        for path in directory.glob("seed*") if directory.is_dir() else ():
+            seed = re.fullmatch(r"seed(\d+)(\..*)?", path.name)
+            if seed and seed.group(1) not in kept:
+                log.info("removing %s: seed %s is not one of this run's", path, seed.group(1))
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def check_seeds(seeds) -> list[int]:

@@ -12,7 +12,8 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export HF_HOME ?= $(CURDIR)/.cache/huggingface
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test paper tune corpus tofu heldout seeds methods ladder code-deps clean-artifacts
+.PHONY: setup demo test paper tune corpus tofu heldout seeds methods ladder muse sequential diagnosis exact_kl lmeval \
+	code-deps clean-artifacts
 
 setup: $(STAMP)
 
@@ -42,43 +43,50 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
+# The experiments are a DVC project of their own, experiments/ (docs/sweeps.md): their commands run there.
+EXPERIMENTS := cd experiments &&
+
 # The paper's sweep on the embedded world (experiments/paper/dvc.yaml, configs/paper.yaml): 39 runs x 3 seeds,
 # each evaluated, attacked and relearned; about 3.5 hours on 2 cores (about 2 hours two stages at a time:
-# `tokenunlearn sweep experiments/paper/dvc.yaml '*' --workers 2`).
+# `cd experiments && tokenunlearn sweep paper/dvc.yaml '*' --workers 2`).
 paper: setup
-	$(VENV)/bin/dvc repro experiments/paper/dvc.yaml
+	$(EXPERIMENTS) dvc repro paper/dvc.yaml
 
 # The experiments below build on the paper's models (they run its stages first if needed); docs/sweeps.md.
 # Learning-rate tuning, the paper's runs (about 35 minutes): its choice is written in configs/paper.yaml.
 tune: setup
-	$(VENV)/bin/dvc repro experiments/tuning/dvc.yaml
+	$(EXPERIMENTS) dvc repro tuning/dvc.yaml
 
 # The WMDP-style run on the embedded world.
 corpus: setup
-	$(VENV)/bin/dvc repro experiments/corpus/dvc.yaml
+	$(EXPERIMENTS) dvc repro corpus/dvc.yaml
 
 # The real TOFU files (../shared/data/tofu) at embedded size: models trained from scratch, then the 15 runs.
 tofu: setup
-	$(VENV)/bin/dvc repro experiments/tofu/dvc.yaml
+	$(EXPERIMENTS) dvc repro tofu/dvc.yaml
 
 # The main table over model seeds: 3 model seeds x 3 unlearning seeds, each run's lr bisected onto the utility
 # floor per model seed; two stages at a time on Ray.
 seeds: setup
-	$(VENV)/bin/tokenunlearn sweep experiments/seeds/dvc.yaml '*' --workers 2 --first 'tune@*'
+	$(EXPERIMENTS) tokenunlearn sweep seeds/dvc.yaml '*' --workers 2 --first 'tune@*'
 
 # Every method (GA ... UNDIAL) and its hard and soft variant at equal utility, on model seed 0 of `make seeds`
 # (its models and evaluations reused, never retrained): 34 runs x 3 unlearning seeds, each lr bisected onto the
 # utility floor; about 2-4 hours of stage time, 1-2 hours two stages at a time (docs/reproducibility.md).
 methods: setup
-	$(VENV)/bin/tokenunlearn sweep experiments/methods/dvc.yaml '*' --workers 2 --first 'tune@*'
+	$(EXPERIMENTS) tokenunlearn sweep methods/dvc.yaml '*' --workers 2 --first 'tune@*'
+
+# MUSE, sequential requests, the diagnosis, the exact KL and lm-eval on the models: each experiments/NAME/dvc.yaml.
+muse sequential diagnosis exact_kl lmeval: setup
+	$(EXPERIMENTS) dvc repro $@/dvc.yaml
 
 # The scale ladder on real TOFU (3.67M, 29.4M, 158M parameters): for a GPU machine.
 ladder: setup
-	$(VENV)/bin/tokenunlearn sweep experiments/ladder/dvc.yaml '*' --first 'pretrain@*'
+	$(EXPERIMENTS) tokenunlearn sweep ladder/dvc.yaml '*' --first 'pretrain@*'
 
 # The attribution variants chosen on one world and reported on a held-out world (after `make corpus`).
 heldout: setup
-	$(VENV)/bin/dvc repro experiments/heldout/dvc.yaml
+	$(EXPERIMENTS) dvc repro heldout/dvc.yaml
 
 # Rewrite every DVC stage's code deps from the imports its command runs (after adding an import).
 code-deps: setup

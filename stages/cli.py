@@ -31,8 +31,8 @@ def cli(verbose: bool, local_rank: int | None) -> None:
 
 for command in (*(m.command for m in (world, tokenizer, finetune, check_models, attribute, reference, inspect, unlearn,
                                      evaluate, report, report_seeds, tune, compare_attribution, relearn, sweep,
-                                     code_deps, diagnose, corpora)),
-                attribute.download_command, evaluate.export_command, *muse.commands, *muse_report.commands):
+                                     diagnose, corpora)), attribute.download_command, evaluate.export_command,
+                *code_deps.commands, *muse.commands, *muse_report.commands):
     cli.add_command(command)
 
 

@@ -52,6 +52,7 @@ def command(pipeline, patterns, params, address, workers, first, force, log_dir,
     elif pipeline and patterns:
         table = resources_table(check_keys(section(params, "sweep"), ["resources"], "sweep").get("resources"))
         plan, ledger = plan_from_dvc(pipeline, list(patterns), root, table), DvcLedger(root)
+        ledger.refresh_code()
     else:
         raise click.UsageError("give a pipeline and stage patterns, or --plan FILE, or --record FILE")
     if plan_out:

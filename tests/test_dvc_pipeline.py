@@ -1,6 +1,7 @@
 """End to end on the micro world, in scratch DVC projects with the repository's pipelines: the demo (dvc.yaml on
-params.yaml, as `make demo` runs it, then `dvc exp run -S` as the README shows), and the paper's sweep
-(experiments/paper/dvc.yaml on configs/paper.yaml) with the experiments that build on it."""
+params.yaml, as `make demo` runs it, then `dvc exp run -S` as the README shows, and a killed multi-seed stage
+rerun), and the paper's sweep (experiments/paper/dvc.yaml on configs/paper.yaml, in the experiments' own DVC
+project) with the experiments that build on it."""
 
 import json
 import shutil
@@ -53,12 +54,13 @@ def _micro(params: dict) -> dict:
 
 
 def _project(tmp_path, git: bool, experiments: tuple[str, ...] = ()):
-    """A scratch copy of the repository with the `experiments` pipelines named (every DVC command parses each
-    pipeline of the project: the others only slow it down)."""
+    """A scratch copy of the repository with the `experiments` pipelines named, in the experiments' own DVC
+    project (proj/experiments) as in the repository (every DVC command of that project parses each of its
+    pipelines: the others only slow it down)."""
     proj = tmp_path / "proj"
     proj.mkdir()
     for name in ("dvc.yaml", "params.yaml", "data", "pipeline", "stages", "configs",
-                 *(f"experiments/{e}" for e in experiments)):
+                 *(f"experiments/{e}" for e in (experiments and ("dvc.yaml", "params.yaml", *experiments)))):
         src = REPO / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, proj / name)
     if git:
@@ -67,6 +69,12 @@ def _project(tmp_path, git: bool, experiments: tuple[str, ...] = ()):
     else:
         _dvc(["init", "--no-scm", "-q"], proj)
     _dvc(["config", "core.site_cache_dir", str(tmp_path / "site_cache")], proj)
+    if experiments:
+        for script in (REPO / "experiments").glob("*/*.py"):  # the `code` stage's manifests name them
+            (proj / "experiments" / script.parent.name).mkdir(exist_ok=True)
+            shutil.copy(script, proj / "experiments" / script.parent.name / script.name)
+        _dvc(["init", "--no-scm", "-q"] if not git else ["init", "--subdir", "-q"], proj / "experiments")
+        _dvc(["config", "core.site_cache_dir", str(tmp_path / "site_cache")], proj / "experiments")
     return proj
 
 
@@ -130,7 +138,8 @@ def test_the_demo_pipeline_and_a_new_tau_with_dvc_exp_run(tmp_path):
 @pytest.mark.slow
 def test_the_paper_sweep_and_the_experiments_on_its_models(tmp_path):
     proj = _project(tmp_path, git=False, experiments=("paper", "corpus", "tuning"))
-    paper = _micro(yaml.safe_load((proj / "configs/paper.yaml").read_text()))
+    configs = proj / "configs"
+    paper = _micro(yaml.safe_load((configs / "paper.yaml").read_text()))
     paper["attribution"]["signals"] = ["copy", "span"]
     paper["unlearn"]["seeds"] = [0]
     paper["unlearn"]["runs"] = {"npo": {"method": "npo", "weighting": "uniform"},
@@ -139,17 +148,23 @@ def test_the_paper_sweep_and_the_experiments_on_its_models(tmp_path):
                                 "t_wga_a50": {"method": "wga", "weighting": "hard", "alpha": 0.5}}
     paper["report"] = {"table": ["npo", "s_wga"], "ablations": {"alpha": ["t_wga", "t_wga_a50"]}}
     paper["tune"].update(lrs=[1e-4, 1e-3], groups={"npo": ["npo"]})
-    (proj / "configs/paper.yaml").write_text(yaml.safe_dump(paper))
-    corpus = yaml.safe_load((proj / "configs/corpus.yaml").read_text())
+    (configs / "paper.yaml").write_text(yaml.safe_dump(paper))
+    corpus = yaml.safe_load((configs / "corpus.yaml").read_text())
     corpus["unlearn"].update(train={"epochs": 1, "micro_batch_size": 1}, monitor={"every": 0},
                              runs={"npo": {"train": {"lr": 1e-3}}, "s_wga": {"train": {"lr": 1e-3}}})
     corpus["report"]["table"] = ["npo", "s_wga"]
-    (proj / "configs/corpus.yaml").write_text(yaml.safe_dump(corpus))
+    (configs / "corpus.yaml").write_text(yaml.safe_dump(corpus))
 
-    # two stages at a time on a local Ray, recorded in experiments/paper/dvc.lock as `dvc repro` would
-    sweep = ["tokenunlearn", "sweep", "experiments/paper/dvc.yaml", "*", "--workers", "2"]
-    _run(sweep, proj)
-    assert "up to date" in _dvc(["status", "experiments/paper/dvc.yaml"], proj)
+    # two stages at a time on a local Ray, recorded in experiments/paper/dvc.lock as `dvc repro` would, from the
+    # experiments' own DVC project (where the pipeline's paths hold); the demo's project refuses it
+    exp = proj / "experiments"
+    sweep = ["tokenunlearn", "sweep", "paper/dvc.yaml", "*", "--workers", "2"]
+    refused = subprocess.run(["tokenunlearn", "sweep", "experiments/paper/dvc.yaml", "*"], cwd=proj, text=True,
+                             capture_output=True, env={**cli_env(), **ENV})
+    assert refused.returncode == 2 and "belongs to the DVC project experiments/: sweep it from" in refused.stderr
+    _run(sweep, exp)
+    assert "up to date" in _dvc(["status", "paper/dvc.yaml"], exp)
+    proj = exp  # the experiments' outputs: experiments/artifacts/
     checked = json.loads((proj / "artifacts/paper/metrics/models.json").read_text())
     assert set(checked) == {"target", "retain"} and set(checked["target"]) == set(paper["check"]["splits"])
     table = (proj / "artifacts/paper/report/results.md").read_text()
@@ -162,8 +177,8 @@ def test_the_paper_sweep_and_the_experiments_on_its_models(tmp_path):
 
     # A new τ in the paper's params reruns the soft runs and what reads them, never attribution.
     paper["unlearn"]["weightings"]["soft"]["tau"] = 1.0
-    (proj / "configs/paper.yaml").write_text(yaml.safe_dump(paper))
-    status = _dvc(["status", "experiments/paper/dvc.yaml"], proj)
+    (configs / "paper.yaml").write_text(yaml.safe_dump(paper))
+    status = _dvc(["status", "paper/dvc.yaml"], proj)
     assert "unlearn@s_wga:" in status and "unlearn@npo:" not in status and "attribute:" not in status
     _run(sweep, proj)
     swept = json.loads((proj / "artifacts/logs/sweep/sweep.json").read_text())["stages"]
@@ -172,19 +187,19 @@ def test_the_paper_sweep_and_the_experiments_on_its_models(tmp_path):
     assert not ran & {"attribute", "evaluate@npo", "relearn@npo", "unlearn@t_wga_a50"}, swept
 
     # The WMDP-style run and the tuning read the paper's models through their overlay files.
-    _dvc(["repro", "experiments/corpus/dvc.yaml"], proj)
+    _dvc(["repro", "corpus/dvc.yaml"], proj)
     weights = pq.read_table(proj / "artifacts/corpus/unlearn/s_wga/seed0/token_weights.parquet")
     assert weights.num_rows == 1  # the micro world's one forget10 author's passage
     assert {"mc_world_forget", "mc_world_retain", "mc_world_world_facts"} <= \
         set(json.loads((proj / "artifacts/corpus/metrics/eval/npo.json").read_text()))
     assert "| S-WGA | s_wga |" in (proj / "artifacts/corpus/report/results.md").read_text()
-    _dvc(["repro", "experiments/tuning/dvc.yaml:tune@npo"], proj)
+    _dvc(["repro", "tuning/dvc.yaml:tune@npo"], proj)
     choice = json.loads((proj / "artifacts/tuning/npo/choice.json").read_text())
     assert [t["lr"] for t in choice["runs"]["npo"]["trials"]] == [1e-4, 1e-3]
-    assert not _ran(_dvc(["repro", "experiments/paper/dvc.yaml"], proj))  # the paper's sweep did not change
+    assert not _ran(_dvc(["repro", "paper/dvc.yaml"], proj))  # the paper's sweep did not change
 
     # Changing only a finetune param reruns that model and what follows, never the world or tokenizer.
     paper["finetune"]["models"]["retain"]["train"] = {"epochs": 1}
-    (proj / "configs/paper.yaml").write_text(yaml.safe_dump(paper))
-    status = _dvc(["status", "experiments/paper/dvc.yaml"], proj)
+    (configs / "paper.yaml").write_text(yaml.safe_dump(paper))
+    status = _dvc(["status", "paper/dvc.yaml"], proj)
     assert "finetune@retain" in status and "world:" not in status and "tokenizer:" not in status

@@ -68,8 +68,9 @@ def test_stages_are_thin():
 
 
 def test_every_dvc_stage_lists_exactly_the_code_it_runs(monkeypatch):
-    """A code change reruns every stage that runs it, and only those: each stage's `pipeline/` and `stages/` deps
-    are the files its command imports (`tokenunlearn code-deps --write` writes them; no one keeps them by hand)."""
+    """A code change reruns every stage that runs it, and only those: each stage depends on its command's code
+    manifest, and each project's `code` stage on every file of the manifests it writes (`tokenunlearn code-deps
+    --write` writes them; no one keeps them by hand)."""
     from click.testing import CliRunner
 
     from stages.cli import cli
@@ -79,19 +80,27 @@ def test_every_dvc_stage_lists_exactly_the_code_it_runs(monkeypatch):
     assert result.exit_code == 0, f"stale code deps (run `tokenunlearn code-deps --write`):\n{result.output}"
 
 
+FILES = {"pipeline/a.py": "from pipeline.b import f\n", "pipeline/b.py": "def f():\n    import pipeline.c\n",
+         "pipeline/c.py": "", "pipeline/__init__.py": '"""docstring only"""\n', "pipeline/unused.py": "",
+         "stages/cmd.py": "from pipeline import a\nfrom .options import o\n", "stages/options.py": "o = 1\n",
+         "scripts/s.py": "import pipeline.c\n"}
+
+
 def test_code_deps_are_written_from_the_imports_and_leave_the_rest_of_the_file_alone(tmp_path):
     from pipeline.sweep.code_deps import stale_code_deps, write_code_deps
 
-    files = {"pipeline/a.py": "from pipeline.b import f\n", "pipeline/b.py": "def f():\n    import pipeline.c\n",
-             "pipeline/c.py": "", "pipeline/__init__.py": '"""docstring only"""\n', "pipeline/unused.py": "",
-             "stages/cmd.py": "from pipeline import a\nfrom .options import o\n", "stages/options.py": "o = 1\n",
-             "scripts/s.py": "import pipeline.c\n"}
-    for name, text in files.items():
+    for name, text in FILES.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     dvc_file = tmp_path / "dvc.yaml"
     dvc_file.write_text(
         "stages:\n"
+        "  code:\n"
+        "    cmd: tokenunlearn code-manifests --out artifacts/code --script scripts/s.py\n"
+        "    deps:\n"
+        "      - pipeline/unused.py\n"
+        "    outs:\n"
+        "      - artifacts/code\n"
         "  one:  # a comment that stays\n"
         "    foreach: [x, y]\n"
         "    do:\n"
@@ -105,28 +114,60 @@ def test_code_deps_are_written_from_the_imports_and_leave_the_rest_of_the_file_a
         "    cmd: python scripts/s.py\n"
         "    deps:\n"
         "      - scripts/s.py\n")
-    commands = {"cmd": tmp_path / "stages" / "cmd.py"}
-    assert set(stale_code_deps(tmp_path, dvc_file, commands)) == {"one", "two"}
-    assert write_code_deps(tmp_path, dvc_file, commands) == ["one", "two"]
+    commands = {"cmd": tmp_path / "stages" / "cmd.py", "code-manifests": tmp_path / "stages" / "options.py"}
+    assert set(stale_code_deps(tmp_path, dvc_file, commands)) == {"code", "one", "two"}
+    assert write_code_deps(tmp_path, dvc_file, commands) == ["code", "one", "two"]
     assert dvc_file.read_text() == (
         "stages:\n"
+        "  code:\n"
+        "    cmd: tokenunlearn code-manifests --out artifacts/code --script scripts/s.py\n"
+        "    deps:\n"
+        "      - pipeline/a.py\n"
+        "      - pipeline/b.py\n"
+        "      - pipeline/c.py\n"
+        "      - scripts/s.py\n"
+        "      - stages/cmd.py\n"
+        "      - stages/options.py\n"
+        "    outs:\n"
+        "      - artifacts/code\n"
         "  one:  # a comment that stays\n"
         "    foreach: [x, y]\n"
         "    do:\n"
         "      cmd: tokenunlearn cmd ${item} --out o\n"
         "      deps:\n"
         "        - data/${item}\n"
-        "        - pipeline/a.py\n"
-        "        - pipeline/b.py\n"
-        "        - pipeline/c.py\n"
-        "        - stages/cmd.py\n"
-        "        - stages/options.py\n"
+        "        - artifacts/code/stages/cmd.md5\n"
         "      outs:\n"
         "        - o\n"
         "  two:\n"
         "    cmd: python scripts/s.py\n"
         "    deps:\n"
         "      - scripts/s.py\n"
-        "      - pipeline/c.py\n")
+        "      - artifacts/code/scripts/s.md5\n")
     assert stale_code_deps(tmp_path, dvc_file, commands) == {}
     assert write_code_deps(tmp_path, dvc_file, commands) == []
+
+
+def test_an_edit_changes_only_the_manifests_of_the_code_that_imports_it(tmp_path):
+    """The manifests are md5sum's lines of the files each entry runs; an edit of pipeline/b.py (imported by the
+    command, not by the script) rewrites the command's manifest alone, so only its stages rerun."""
+    import hashlib
+
+    from pipeline.sweep.code_deps import write_manifests
+
+    for name, text in FILES.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    entries = [tmp_path / "stages" / "cmd.py", tmp_path / "scripts" / "s.py"]
+    out = tmp_path / "artifacts" / "code"
+    assert write_manifests(tmp_path, entries, out) == ["scripts/s.md5", "stages/cmd.md5"]
+    md5 = lambda text: hashlib.md5(text.encode()).hexdigest()  # noqa: E731
+    assert (out / "scripts/s.md5").read_text() == f"{md5('')}  pipeline/c.py\n"
+    assert (out / "stages/cmd.md5").read_text().splitlines() == [
+        f"{md5(FILES[f])}  {f}" for f in ("pipeline/a.py", "pipeline/b.py", "pipeline/c.py", "stages/cmd.py",
+                                          "stages/options.py")]
+    before = {p.name: p.read_bytes() for p in out.rglob("*.md5")}
+    (tmp_path / "pipeline/b.py").write_text(FILES["pipeline/b.py"] + "# edited\n")
+    write_manifests(tmp_path, entries, out)
+    after = {p.name: p.read_bytes() for p in out.rglob("*.md5")}
+    assert after["s.md5"] == before["s.md5"] and after["cmd.md5"] != before["cmd.md5"]

@@ -302,27 +302,29 @@ def test_both_pipelines_parse_with_dvc_and_chain_their_stages(tmp_path, monkeypa
     import networkx as nx
     from dvc.repo import Repo
 
-    for name in ("dvc.yaml", "params.yaml", "configs", "experiments/muse", "experiments/sequential"):
-        src = REPO / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+    for name in ("configs", "experiments/dvc.yaml", "experiments/params.yaml", "experiments/muse",
+                 "experiments/sequential"):
+        src, dst = REPO / name, tmp_path / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
     monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
-    monkeypatch.chdir(tmp_path)  # stages are named relative to the working directory
-    Repo.init(str(tmp_path), no_scm=True).close()
-    repo = Repo(str(tmp_path))
+    monkeypatch.chdir(tmp_path / "experiments")  # stages are named relative to the working directory
+    Repo.init(str(tmp_path / "experiments"), no_scm=True).close()
+    repo = Repo(str(tmp_path / "experiments"))  # the experiments' DVC project
     try:
         stages = {s.addressing: s for s in repo.index.stages}
         graph = repo.index.graph
         spec = muse_report.read_series_spec(REPO / "configs" / "sequential.yaml")
-        muse = "experiments/muse/dvc.yaml:"
+        muse = "muse/dvc.yaml:"
         assert {f"{muse}{s}" for s in ("world_muse", "corpora", "finetune@target", "finetune@retain", "attribute",
                                        "evaluate_retain", "evaluate_target", "report")} <= set(stages)
         assert {f"{muse}unlearn@{r}" for r in ("ga", "t_npo", "s_npo")} <= set(stages)
-        seq = "experiments/sequential/dvc.yaml:"
+        seq = "sequential/dvc.yaml:"
         assert {f"{seq}unlearn_size@{r}-{n}" for r in spec["runs"] for n in spec["sizes"]} <= set(stages)
         assert {f"{seq}unlearn_chain@{key}" for key in spec["chain"]} <= set(stages)
         upstream = {s.addressing for s in nx.descendants(graph, stages[f"{seq}unlearn_chain@npo_r3"])}
         assert {f"{seq}unlearn_chain@npo_r2", f"{seq}attribute_chain@npo_r3", f"{seq}unlearn_size@npo-1",
-                f"{muse}finetune@target", "pretrain"} <= upstream
+                f"{muse}finetune@target", f"{muse}pretrain", "code"} <= upstream
         assert f"{seq}unlearn_chain@t_npo_r2" not in upstream and f"{seq}unlearn_chain@npo_r4" not in upstream
         report = {s.addressing for s in nx.descendants(graph, stages[f"{seq}report"])}
         assert {f"{seq}evaluate_chain@{key}" for key in spec["chain"]} <= report

@@ -76,7 +76,7 @@ EXPERIMENTS = {  # the params file and overlays of the experiments' pipelines (e
 
 
 @pytest.mark.parametrize("experiment", list(EXPERIMENTS))
-def test_params_and_its_overlays_build_every_stage_config(experiment):
+def test_params_and_its_overlays_build_every_stage_config(experiment, monkeypatch):
     """params.yaml as `make demo` reads it, configs/paper.yaml as `make paper` does, and with each overlay of the
     experiments' pipelines."""
     from pipeline.evaluation.config import eval_config
@@ -100,6 +100,7 @@ def test_params_and_its_overlays_build_every_stage_config(experiment):
     relearn_config(params)
     assert monitor_from_params(params).cfg.every > 0
     if experiment == "tofu" and (REPO.parent / "shared" / "data" / "tofu").is_dir():
+        monkeypatch.chdir(REPO / "experiments")  # where its stages run: data.source is relative to it
         load_inputs(eval_config(params), None)  # the probe sets, holdout and paraphrases of real TOFU are there
     TuneConfig.from_params(section(params, "tune"))
     table = section(params, "report.table")

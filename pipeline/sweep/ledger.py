@@ -54,6 +54,21 @@ class DvcLedger:
     def __init__(self, root: Path):
         self.root = Path(root)
 
+    def refresh_code(self) -> None:
+        """Run the project's `code` stage if it is not up to date (as `dvc repro code`): every stage depends on a
+        manifest it writes, so only then does DVC see which stages an edit of the code changed."""
+        from dvc.exceptions import DvcException
+        from dvc.repo import Repo
+
+        top = self.root / "dvc.yaml"
+        if not top.is_file() or "\n  code:\n" not in top.read_text(encoding="utf-8"):
+            return
+        try:
+            with Repo(str(self.root)) as repo:
+                repo.reproduce(f"{top}:code", single_item=True)
+        except DvcException as e:
+            raise DataError(f"{top}: the stage `code` (the code manifests) failed: {e}") from None
+
     def _stages(self, repo, addresses: list[str], missing_ok: bool = False):
         """(address, stage) for each address, grouped by dvc.yaml, with one parse per file. DVC reads a relative
         path from the working directory, so the file is made absolute. A stage not there is an error, or (with

@@ -49,12 +49,25 @@ def overlaps(path: str, other: str) -> bool:
     return _under(path, other) or _under(other, path)
 
 
+def check_same_project(pipeline: str, root: Path) -> None:
+    """A pipeline of another DVC project (experiments/NAME/dvc.yaml from the repository root: experiments/ is a
+    project of its own) is swept from that project's directory, where its stages' paths hold."""
+    start = (root / pipeline).resolve().parent
+    project = next((d for d in (start, *start.parents) if (d / ".dvc").is_dir()), None)
+    if project is not None and project != root.resolve():
+        inner = os.path.relpath(root / pipeline, project)
+        raise ParamError(f"{pipeline} belongs to the DVC project {os.path.relpath(project, root)}/: sweep it from "
+                         f"there (cd {os.path.relpath(project, root)} && tokenunlearn sweep {inner} ...)")
+
+
 def plan_from_dvc(pipeline: str, patterns: list[str], root: Path, table: dict[str, Resources]) -> list[dict]:
     """The stages of `pipeline` whose names match `patterns`, in file order: name, DVC address, command, working
     directory (relative to `root`), the chosen stages each waits for (one's dependency is another's output) and
     its resources."""
     from dvc.exceptions import DvcException
     from dvc.repo import Repo
+
+    check_same_project(pipeline, root)
 
     try:
         with Repo(str(root)) as repo:

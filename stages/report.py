@@ -9,6 +9,8 @@ from pipeline.common.atomic import hold_outputs
 from pipeline.common.errors import ParamError
 from pipeline.common.params import check_keys, section
 from pipeline.evaluation.report import load_ablations, load_rows, missing_evaluations, missing_note, write_report
+from pipeline.evaluation.significance import variant_pairs
+from pipeline.evaluation.tradeoff import write_equal_utility
 from pipeline.training.unlearn import run_spec
 
 from .options import params_options
@@ -27,7 +29,10 @@ log = logging.getLogger(__name__)
 @click.option("--relearn-dir", type=click.Path(file_okay=False),
               help="The relearning attack's summaries, NAME.json where present [beside --metrics-dir: "
                    "artifacts/metrics/relearn].")
-def command(params: dict, metrics_dir, out, plots, relearn_dir) -> None:
+@click.option("--tuning", type=click.Path(exists=True, file_okay=False),
+              help="The runs' tunings, RUN/choice.json (stage tune@RUN): adds each run at equal utility, read on its "
+                   "trade-off curve, and the curves' plots [none].")
+def command(params: dict, metrics_dir, out, plots, relearn_dir, tuning) -> None:
     """Results table and plots of the target, the retain model and the runs of report.table that are evaluated
     (the others are named in results.md); the target's and the retain model's evaluations are required."""
     check_keys(section(params, "report"), ("table", "ablations"), "report")
@@ -45,5 +50,7 @@ def command(params: dict, metrics_dir, out, plots, relearn_dir) -> None:
     if missing:
         log.warning("%s", missing_note(missing))
     with hold_outputs(out, plots):
-        write_report(rows, Path(out), Path(plots), ablation_rows, missing)
+        equal = write_equal_utility(Path(tuning), table, specs, {r.name: r.label for r in rows},
+                                    variant_pairs(specs, table), Path(out), Path(plots)) if tuning else ""
+        write_report(rows, Path(out), Path(plots), ablation_rows, missing, equal)
     log.info("report of %d models in %s/results.md", len(rows), out)

@@ -27,6 +27,36 @@ def _dvc(args, cwd, timeout=900):
     return _run(["dvc", *args], cwd, timeout)
 
 
+# Imported at every Python start (PYTHONPATH): with TEST_DIE_AT_SEED set, the engine's process ends at once, as a
+# kill would end it, at the first training step of that seed.
+DIE_AT_SEED = """
+import importlib.abc, importlib.util, os, sys
+
+class DieAtSeed(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "pipeline.training.engine":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            step = module.Engine.train_step
+
+            def dying_step(engine, *args, **kwargs):
+                if engine.cfg.seed == int(os.environ["TEST_DIE_AT_SEED"]):
+                    os._exit(137)
+                return step(engine, *args, **kwargs)
+            module.Engine.train_step = dying_step
+        spec.loader.exec_module = exec_module
+        return spec
+
+if os.environ.get("TEST_DIE_AT_SEED"):
+    sys.meta_path.insert(0, DieAtSeed())
+"""
+
+
 def _ran(output: str) -> set[str]:
     return {line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage '")}
 
@@ -50,6 +80,7 @@ def _micro(params: dict) -> dict:
                               mia={"holdout_split": "holdout10", "k": 0.4, "attacks": ["min_k", "min_k_plus_plus"]})
     params["relearn"]["train"]["max_steps"] = 2
     params["unlearn"]["monitor"].update(every=2, max_new_tokens=8, n_items=4)
+    params["tune"]["bisect"]["max_trials"] = 2
     return params
 
 
@@ -61,8 +92,9 @@ def _project(tmp_path, git: bool, experiments: tuple[str, ...] = ()):
     proj.mkdir()
     for name in ("dvc.yaml", "params.yaml", "data", "pipeline", "stages", "configs",
                  *(f"experiments/{e}" for e in (experiments and ("dvc.yaml", "params.yaml", *experiments)))):
-        src = REPO / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, proj / name)
+        src, dst = REPO / name, proj / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
     if git:
         _run(["git", "init", "-q"], proj)
         _dvc(["init", "-q"], proj)
@@ -88,10 +120,11 @@ def test_the_demo_pipeline_and_a_new_tau_with_dvc_exp_run(tmp_path):
     _run(["git", "add", "-A"], proj)
     _run(["git", "commit", "-qm", "micro"], proj)
 
+    runs = ("npo", "t_npo", "s_npo", "s_npo_ens")
     assert _ran(_dvc(["repro"], proj)) == {
-        "world", "tokenizer", "pretrain", "finetune@target", "finetune@retain", "attribute", "reference",
-        "unlearn@npo", "unlearn@t_npo", "unlearn@s_npo", "evaluate_retain", "evaluate_target", "evaluate@npo",
-        "evaluate@t_npo", "evaluate@s_npo", "report"}
+        "code", "world", "tokenizer", "pretrain", "finetune@target", "finetune@retain", "attribute", "reference",
+        "evaluate_retain", "evaluate_target", *(f"{stage}@{run}" for stage in ("tune", "unlearn", "evaluate")
+                                                for run in runs), "report"}
     from transformers import AutoModelForCausalLM
 
     for name in ("base", "target", "retain"):
@@ -106,6 +139,14 @@ def test_the_demo_pipeline_and_a_new_tau_with_dvc_exp_run(tmp_path):
     before = model_hash()
     _dvc(["repro", "--force", "--single-item", "finetune@target"], proj)
     assert model_hash() == before and len(before) == 1
+    # Reruns leave the repository clean: no timing reaches a file dvc.lock hashes (the loss curves, the evaluation).
+    _run(["git", "add", "-A"], proj)
+    _run(["git", "commit", "-qm", "demo"], proj)
+    for stage in ("pretrain", "evaluate@npo", "tune@npo", "report"):
+        _dvc(["repro", "--force", "--single-item", stage], proj)
+    assert _run(["git", "status", "--porcelain"], proj) == ""
+    timing = (proj / "artifacts/logs/timing/plots/finetune/base.csv").read_text().splitlines()
+    assert timing[0] == "step,step_seconds,tokens_per_second" and len(timing) > 1
 
     assert (proj / "artifacts/unlearn/s_npo/seed1/token_weights.parquet").is_file()
     assert json.loads((proj / "artifacts/unlearn/s_npo/complete.json").read_text())["seeds"] == [0, 1]
@@ -120,19 +161,40 @@ def test_the_demo_pipeline_and_a_new_tau_with_dvc_exp_run(tmp_path):
     assert max(map(len, _dvc(["metrics", "show"], proj).splitlines())) < 300
     table = (proj / "artifacts/report/results.md").read_text()
     assert "| before unlearning | target |" in table and "| T-NPO | t_npo |" in table
-    for png in ("forget_quality_vs_utility.png", "extraction_strength.png"):
+    equal = table.split("## At equal utility")[1]  # (the micro model's utility is 0: no curve falls to the floor)
+    assert all(f"| {label} | " in equal for label in ("NPO", "T-NPO", "S-NPO", "S-NPO [entropy+nocopy+span]"))
+    for png in ("forget_quality_vs_utility.png", "extraction_strength.png", "tradeoff_npo.png"):
         assert (proj / "artifacts/report" / png).read_bytes()[:4] == b"\x89PNG"
     monitor = (proj / "artifacts/plots/monitor/npo/seed1.csv").read_text().splitlines()
     assert monitor[0].startswith("step,eval_forget_es") and monitor[1].startswith("0,")
 
-    # The README's flow: a new τ reruns the soft run, its evaluation and the report; never attribution, nor the
-    # runs that do not read τ.
-    _run(["git", "add", "-A"], proj)
-    _run(["git", "commit", "-qm", "demo"], proj)
+    # The README's flow: a new τ reruns the soft runs' tuning, unlearning and evaluation, and the report; never
+    # attribution, nor the runs that do not read τ.
     ran = _ran(_dvc(["exp", "run", "-S", "unlearn.weightings.soft.tau=1.0"], proj))
-    assert ran == {"unlearn@s_npo", "evaluate@s_npo", "report"}
+    assert ran == {f"{stage}@{run}" for stage in ("tune", "unlearn", "evaluate") for run in ("s_npo", "s_npo_ens")} \
+        | {"report"}
     assert "tau: 1.0" in (proj / "params.yaml").read_text()
     assert "s_npo" in _dvc(["exp", "show", "--only-changed", "--md"], proj)
+
+    # A killed multi-seed unlearn stage keeps the seeds it finished: its outputs persist, and the rerun trains only
+    # the missing one. New seeds [2, 3]; the stage's process dies (as by SIGKILL) at seed 3's first step.
+    params = yaml.safe_load((proj / "params.yaml").read_text())
+    params["unlearn"]["seeds"] = [2, 3]
+    (proj / "params.yaml").write_text(yaml.safe_dump(params))
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(DIE_AT_SEED)
+    killed = subprocess.run(["dvc", "repro", "unlearn@npo"], cwd=proj, capture_output=True, text=True, timeout=900,
+                            env={**cli_env(), **ENV, "PYTHONPATH": str(hook), "TEST_DIE_AT_SEED": "3"})
+    assert killed.returncode != 0 and "unlearn@npo" in killed.stdout + killed.stderr
+    out = proj / "artifacts/unlearn/npo"
+    assert (out / "seed2" / "model").is_dir() and not (out / "seed3").exists() and not (out / "complete.json").exists()
+    seed2 = (out / "seed2" / "model" / "model.safetensors").stat().st_mtime_ns
+    rerun = _dvc(["repro", "unlearn@npo"], proj)
+    assert "unlearn npo seed 2: already finished with these params" in rerun
+    assert (out / "seed2" / "model" / "model.safetensors").stat().st_mtime_ns == seed2  # kept, not trained again
+    assert json.loads((out / "complete.json").read_text())["seeds"] == [2, 3]
+    assert sorted(p.name for p in out.glob("seed*")) == ["seed2", "seed3"]  # seeds 0 and 1 are not unlearn.seeds'
 
 
 @pytest.mark.slow

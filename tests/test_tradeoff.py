@@ -120,3 +120,32 @@ def test_report_seeds_appends_the_curves(tmp_path):
     assert (out / "tradeoff_ga.png").is_file() and "`tradeoff_ga.png`" in text
     assert (out / "curves.csv").is_file() and (out / "curve_comparisons.csv").read_text().startswith(
         "variant,base,offset,mean,n,lower,per_model\nt_ga,ga,-0.01,-0.1,2,2,0:-0.100000 1:-0.100000\n")
+
+
+def test_the_demos_runs_at_equal_utility_are_read_on_their_curves(tmp_path):
+    """The demo's report: each run's tuning (RUN/choice.json), forget ES where its curve falls to the floor, each
+    token-level run against its method's sequence-level one, and which forgets the most there."""
+    from pipeline.evaluation.tradeoff import write_equal_utility
+
+    tuning = tmp_path / "tuning"
+    for name, points in {"npo": CURVE, "s_npo": [(0.90, 0.70), (0.86, 0.40), (0.80, 0.10)],
+                         "t_npo": [(0.90, 0.85), (0.87, 0.80)]}.items():  # t_npo never falls to the floor
+        write_choice(tmp_path, 0, name, 0.85, points)
+        (tuning / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "m0" / "tuning" / name).rename(tuning / name)
+    specs = {"npo": {"method": "npo", "weighting": "uniform"}, "s_npo": {"method": "npo", "weighting": "soft"},
+             "t_npo": {"method": "npo", "weighting": "hard"}, "ga": {"method": "ga", "weighting": "uniform"}}
+    labels = {"npo": "NPO", "s_npo": "S-NPO", "t_npo": "T-NPO", "ga": "GA"}
+    runs = ["npo", "t_npo", "s_npo", "ga"]  # ga: not tuned
+    text = write_equal_utility(tuning, runs, specs, labels, [("t_npo", "npo"), ("s_npo", "npo")], tmp_path / "out",
+                               tmp_path / "plots")
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| run")]
+    # NPO: 1/6 of the way from (0.86, 0.50) to (0.80, 0.20) -> 0.45; S-NPO: from (0.86, 0.40) to (0.80, 0.10) -> 0.35
+    assert rows[0] == "| NPO | 2.00e-04 | 3 | 0.450 |  |"
+    assert rows[1].startswith("| T-NPO | 2.00e-04 | 2 | – (its curve does not reach the floor)")
+    assert rows[2] == "| S-NPO | 2.00e-04 | 3 | 0.350 | -0.100: forgets more than NPO |"
+    assert rows[3] == "| GA | – | – | – (not tuned) | |"
+    assert "At the same utility, S-NPO forgets the most (forget ES 0.350; NPO 0.450)." in text
+    assert "model utility 0.850" in text and "`tradeoff_npo.png`" in text
+    assert (tmp_path / "out" / "tradeoff_npo.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "plots" / "curves.csv").read_text().startswith("run,model_seed,utility_min")

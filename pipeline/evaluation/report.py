@@ -343,9 +343,10 @@ def plot_relearning(rows: list[Row], path: Path) -> None:
 
 
 def write_report(rows: list[Row], out_dir: Path, plots_dir: Path, ablations: list[Ablation] = (),
-                 missing: list[str] = ()) -> None:
-    """results.md (its first line naming the `missing` runs, where some are not evaluated yet), results.csv and
-    the plots of the rows and ablations; every output directory is made, whatever the rows."""
+                 missing: list[str] = (), equal_utility: str = "") -> None:
+    """results.md (its first line naming the `missing` runs, where some are not evaluated yet; `equal_utility`,
+    the runs at equal utility, after the table), results.csv and the plots of the rows and ablations; every output
+    directory is made, whatever the rows."""
     out_dir.mkdir(parents=True, exist_ok=True)
     plots_dir.mkdir(parents=True, exist_ok=True)
     markdown, table_csv = results_table(rows)
@@ -354,6 +355,8 @@ def write_report(rows: list[Row], out_dir: Path, plots_dir: Path, ablations: lis
         if missing:
             f.write(f"{missing_note(missing)}\n\n")
         f.write(markdown)
+        if equal_utility:
+            f.write(f"\n{equal_utility}")
         f.write("\nToken level against sequence level (`*`: larger than the two standard deviations added; "
                 "never with one seed):\n\n")
         f.write(comparison_table(rows))

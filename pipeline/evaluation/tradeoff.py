@@ -56,27 +56,34 @@ def _point(trial, where: str) -> dict | None:
     return {k: number(trial[k], f"{where}.{k}") for k in keys}
 
 
-def load_curves(root: Path, model_seeds: list[int], runs: list[str]) -> dict[tuple[str, int], Curve]:
-    """Every run's curve on every model seed, (run, model seed) -> Curve, from `root/m{M}/tuning/RUN/choice.json`;
+def read_curve(file: Path, name: str, model_seed: int) -> Curve:
+    """Run `name`'s curve from a tuning's choice.json (checked: a malformed one is a DataError naming it)."""
+    result = read_json(file, "tuning choice")
+    entry = (result.get("runs") or {}).get(name)
+    if not isinstance(entry, dict) or not isinstance(entry.get("trials"), list):
+        raise DataError(f"{file}: not the tuning choice of '{name}' (runs.{name}.trials expected)")
+    points = [_point(t, f"{file}: runs.{name}.trials[{i}]") for i, t in enumerate(entry["trials"])]
+    if None in points:
+        log.warning("%s: %d of %d trials lack lr, forget_es or model_utility: left out of the curve", file,
+                    points.count(None), len(points))
+    return Curve(name, model_seed, number(result.get("utility_min"), f"{file}: utility_min"),
+                 sorted((p for p in points if p), key=lambda p: p["lr"]),
+                 _point(entry.get("chosen"), f"{file}: runs.{name}.chosen"))
+
+
+def load_curves(root: Path, model_seeds: list[int], runs: list[str],
+                layout: str = "m{seed}/tuning/{run}/choice.json") -> dict[tuple[str, int], Curve]:
+    """Every run's curve on every model seed, (run, model seed) -> Curve, from `root/m{M}/tuning/RUN/choice.json`
+    (or `layout`: the demo's is `{run}/choice.json` under its tuning directory, one model);
     a missing file (a sweep under way) is skipped and counted in the log, a malformed one is a DataError."""
     curves, missing = {}, []
     for m in model_seeds:
         for name in runs:
-            file = Path(root) / f"m{m}" / "tuning" / name / "choice.json"
+            file = Path(root) / layout.format(seed=m, run=name)
             if not file.is_file():
                 missing.append(f"m{m}/{name}")
                 continue
-            result = read_json(file, "tuning choice")
-            entry = (result.get("runs") or {}).get(name)
-            if not isinstance(entry, dict) or not isinstance(entry.get("trials"), list):
-                raise DataError(f"{file}: not the tuning choice of '{name}' (runs.{name}.trials expected)")
-            points = [_point(t, f"{file}: runs.{name}.trials[{i}]") for i, t in enumerate(entry["trials"])]
-            if None in points:
-                log.warning("%s: %d of %d trials lack lr, forget_es or model_utility: left out of the curve", file,
-                            points.count(None), len(points))
-            curves[(name, m)] = Curve(name, m, number(result.get("utility_min"), f"{file}: utility_min"),
-                                      sorted((p for p in points if p), key=lambda p: p["lr"]),
-                                      _point(entry.get("chosen"), f"{file}: runs.{name}.chosen"))
+            curves[(name, m)] = read_curve(file, name, m)
     if missing:
         log.info("trade-off curves: %d of %d bisections not there yet (%s)", len(missing),
                  len(model_seeds) * len(runs), ", ".join(missing[:10]) + (" …" if len(missing) > 10 else ""))
@@ -240,3 +247,54 @@ def write_curves(root: Path, model_seeds: list[int], runs: list[str], specs: dic
     with atomic_file(Path(out_dir) / "curve_comparisons.csv") as f:
         f.write(comparisons_csv(results))
     return curves_markdown(curves, results, model_seeds, runs, levels, plots)
+
+
+def equal_utility_markdown(curves: dict[tuple[str, int], Curve], runs: list[str], labels: dict[str, str],
+                           pairs: list[tuple[str, str]], plots: list[str] = ()) -> str:
+    """One model's runs at equal utility (the demo's report): each run's forget ES where its curve falls to the
+    floor, its difference from its method's sequence-level run, and which run forgets the most there."""
+    floors = {round(c.utility_min, 3) for c in curves.values()}
+    floor = f"model utility {floors.pop():.3f}" if len(floors) == 1 else "each run's model utility floor"
+    lines = ["## At equal utility", "",
+             f"Each run's learning rate was bisected onto the utility floor ({floor}, tune.utility_floor × the "
+             "target's), and its forget ES read there. Lower forgets more.", "",
+             "| run | bisected lr | trials | forget ES at the floor | against its method's sequence-level run |",
+             "|---|---|---|---|---|"]
+    base_of = dict(pairs)
+    at_floor = {n: forget_es_at(c.trials, c.utility_min) for (n, _), c in curves.items()}
+    for name in runs:
+        curve = curves.get((name, 0))
+        if curve is None:
+            lines.append(f"| {labels.get(name, name)} | – | – | – (not tuned) | |")
+            continue
+        es, base = at_floor[name], base_of.get(name)
+        versus = ""
+        if base in at_floor and at_floor[base] is not None and es is not None:
+            d = es - at_floor[base]
+            versus = f"{d:+.3f}: forgets {'more' if d < 0 else 'less' if d > 0 else 'as much'} than {labels.get(base, base)}"
+        lr = f"{curve.chosen['lr']:.2e}" if curve.chosen else "–"
+        lines.append(f"| {labels.get(name, name)} | {lr} | {len(curve.trials)} | "
+                     + ("– (its curve does not reach the floor)" if es is None else f"{es:.3f}") + f" | {versus} |")
+    reached = {n: v for n, v in at_floor.items() if v is not None}
+    if reached:
+        best = min(reached, key=reached.get)
+        line = f"At the same utility, {labels.get(best, best)} forgets the most (forget ES {reached[best]:.3f}"
+        base = base_of.get(best)
+        line += f"; {labels.get(base, base)} {reached[base]:.3f})." if base in reached else ")."
+        lines += ["", line]
+    lines += ["", "How: each run's trials (stage tune@RUN, on the tuning seed) are points of its trade-off curve, "
+              "forget ES against model utility; forget ES is interpolated where the curve falls to the floor, between "
+              "the two trials around it. One model and one seed: an illustration; RESULTS.md has the comparison over "
+              "model seeds." + (" The curves: " + ", ".join(f"`{p}`" for p in plots) + "." if plots else "")]
+    return "\n".join(lines) + "\n"
+
+
+def write_equal_utility(tuning_dir: Path, runs: list[str], specs: dict[str, dict], labels: dict[str, str],
+                        pairs: list[tuple[str, str]], out_dir: Path, plots_dir: Path) -> str:
+    """The demo's runs at equal utility from its tunings (`tuning_dir/RUN/choice.json`): curves.csv into
+    `plots_dir`, tradeoff_{method}.png into `out_dir`; returns the results.md section."""
+    curves = load_curves(Path(tuning_dir), [0], runs, layout="{run}/choice.json")
+    plots = plot_methods(curves, specs, runs, [0], Path(out_dir))
+    with atomic_file(Path(plots_dir) / "curves.csv") as f:
+        f.write(curves_csv(curves, LEVELS))
+    return equal_utility_markdown(curves, runs, labels, pairs, plots)

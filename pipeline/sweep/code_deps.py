@@ -35,8 +35,13 @@ _SCRIPT = re.compile(r"^python3?\s+(?!-)(\S+\.py)\b")
 _SCRIPT_OPTION = re.compile(r"--script[ =](\S+)")
 
 
-def code_repo() -> Path:
-    """The repository whose code the stages run: the directory holding the `pipeline` package."""
+def code_repo(start: Path | None = None) -> Path:
+    """The repository whose code the stages run: the nearest directory from `start` (the working directory) up that
+    holds the `pipeline` package (the repository root from experiments/ too), else the installed package's."""
+    here = Path(start or Path.cwd()).resolve()
+    for directory in (here, *here.parents):
+        if (directory / "pipeline" / "__init__.py").is_file() and (directory / "stages").is_dir():
+            return directory
     import pipeline
 
     return Path(pipeline.__file__).resolve().parent.parent

@@ -42,8 +42,8 @@ from pipeline.data.tofu import load_split  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="artifacts/heldout/models/target")
-    ap.add_argument("--world", default="artifacts/heldout/world")
+    ap.add_argument("--model", default="experiments/artifacts/heldout/models/target")
+    ap.add_argument("--world", default="experiments/artifacts/heldout/world")
     ap.add_argument("--split", default="forget10")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=5)

@@ -6,10 +6,11 @@ experiment, configs/paper.yaml + configs/seeds.yaml, each run's learning rate as
 this unlearns with each reduction for every unlearning seed, evaluates, and prints forget ES, retain ES and model
 utility (mean ± std over the seeds) with the token − sample difference:
 
-    python benchmarks/bench_reduction.py                    # about 15 minutes on 2 cores
-    python benchmarks/bench_reduction.py --runs ga --seeds 0
+    cd experiments   # where the seeds experiment's outputs are (experiments/artifacts/seeds/)
+    python ../benchmarks/bench_reduction.py                    # about 15 minutes on 2 cores
+    python ../benchmarks/bench_reduction.py --runs ga --seeds 0
 
-It needs the seeds experiment's model seed 0 (`tokenunlearn sweep experiments/seeds/dvc.yaml '*@0-ga'` or
+It needs the seeds experiment's model seed 0 (`cd experiments && tokenunlearn sweep seeds/dvc.yaml '*@0-ga'` or
 `make seeds`). Outputs: --out (artifacts/reduction/), one directory per run and reduction, and table.md.
 """
 
@@ -24,8 +25,8 @@ from pathlib import Path
 
 log = logging.getLogger("bench_reduction")
 
-ROOT = Path("artifacts/seeds/m0")
-PARAMS = ["--params", "configs/paper.yaml", "--overlay", "configs/seeds.yaml"]
+ROOT = Path("artifacts/seeds/m0")  # run in experiments/, where the seeds experiment's outputs and paths are
+PARAMS = ["--params", "../configs/paper.yaml", "--overlay", "../configs/seeds.yaml"]
 # run -> (its spec, where its `sample` lr was bisected; None: the spec's own lr)
 RUNS = {
     "ga": ({"method": "ga", "weighting": "uniform"}, "ga"),

@@ -3,8 +3,9 @@ next-token distribution (a reference model held beside θ) and with its top-k pl
 cache, `tokenunlearn reference`), for k in {8, 32, 128}.
 
 θ is θ_o after a few steps of gradient ascent on the forget answers (an unlearning run's first steps: the regime
-the retain term works in). Two models: the paper sweep's target (2k vocabulary, artifacts/paper/models/target) and a
-random Llama with a 32k vocabulary (its near-uniform next-token distributions are the hard case for a top-k cache).
+the retain term works in). Two models: the paper sweep's target (2k vocabulary,
+experiments/artifacts/paper/models/target) and a random Llama with a 32k vocabulary (its near-uniform next-token
+distributions are the hard case for a top-k cache).
 
     python benchmarks/bench_reference_kl.py                      # both, about 2 minutes on 2 cores
     python benchmarks/bench_reference_kl.py --only embedded
@@ -76,11 +77,11 @@ def embedded(args) -> dict:
     from pipeline.common.modeling import load_model, load_tokenizer
     from pipeline.data.config import DataConfig, retain_samples
 
-    model_dir = REPO / "artifacts" / "paper" / "models" / "target"
+    model_dir = REPO / "experiments" / "artifacts" / "paper" / "models" / "target"
     if not model_dir.is_dir():
         raise SystemExit(f"{model_dir}: build it first (dvc repro finetune@target)")
     tok = load_tokenizer(model_dir)
-    data = DataConfig(source=str(REPO / "artifacts" / "paper" / "world"))
+    data = DataConfig(source=str(REPO / "experiments" / "artifacts" / "paper" / "world"))
     retain = retain_samples(data, tok, "retain90")[: args.samples]
     forget = retain_samples(data, tok, "forget10")
     reference, model = load_model(model_dir).eval(), load_model(model_dir)

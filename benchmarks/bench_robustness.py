@@ -14,7 +14,7 @@ The standard evaluation is open-unlearning's TOFU one: the forget, retain, real-
 The sets, probes and attack settings are those of configs/paper.yaml (the paper's sweep, `make paper`).
 
     python benchmarks/bench_robustness.py                    # the embedded target (after `dvc repro finetune@target`)
-    python benchmarks/bench_robustness.py --repeats 5 --model artifacts/paper/unlearn/ga/seed0/model
+    python benchmarks/bench_robustness.py --repeats 5 --model experiments/artifacts/paper/unlearn/ga/seed0/model
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from pipeline.training.relearn import relearn_config, relearning_attack  # noqa:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="artifacts/paper/models/target")
+    ap.add_argument("--model", default="experiments/artifacts/paper/models/target")
     ap.add_argument("--params", default="configs/paper.yaml")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the tiny model's fastest)")

@@ -71,14 +71,18 @@ def dvc_calls(repeats: int = 5) -> dict:
 
 
 def stages(dvc_file: str, names: list[str]) -> dict:
+    """Rerun `names` both ways, in the DVC project that holds `dvc_file` (experiments/ for the experiments)."""
+    path = (REPO / dvc_file).resolve()
+    project = next(d for d in path.parents if (d / ".dvc").is_dir())
+    dvc_file = str(path.relative_to(project))
     start = time.perf_counter()
-    subprocess.run(["dvc", "repro", "--force", "--single-item", *(f"{dvc_file}:{n}" for n in names)], cwd=REPO,
+    subprocess.run(["dvc", "repro", "--force", "--single-item", *(f"{dvc_file}:{n}" for n in names)], cwd=project,
                    check=True, capture_output=True)
     repro = time.perf_counter() - start
     log_dir = Path(tempfile.mkdtemp())
     start = time.perf_counter()
     subprocess.run(["tokenunlearn", "sweep", dvc_file, *names, "--force", "--workers", "2", "--log-dir",
-                    str(log_dir)], cwd=REPO, check=True, capture_output=True)
+                    str(log_dir)], cwd=project, check=True, capture_output=True)
     swept = time.perf_counter() - start
     ran = json.loads((log_dir / "sweep.json").read_text())["stages"]
     busy = sum(s["seconds"] for s in ran.values())

@@ -115,12 +115,14 @@ def test_the_demo_pipeline_and_a_new_tau_with_dvc_exp_run(tmp_path):
     proj = _project(tmp_path, git=True)
     params = _micro(yaml.safe_load((proj / "params.yaml").read_text()))
     params["unlearn"]["seeds"] = [0, 1]
+    runs = ("npo", "t_npo", "s_npo_ens")  # NPO and one run of each weighting (of the demo's four: time)
+    params["unlearn"]["runs"] = {name: params["unlearn"]["runs"][name] for name in runs}
+    params["report"]["table"], params["tune"]["groups"] = list(runs), {"npo": list(runs)}
     (proj / "params.yaml").write_text(yaml.safe_dump(params))
     (proj / ".gitignore").write_text("/artifacts/\n")
     _run(["git", "add", "-A"], proj)
     _run(["git", "commit", "-qm", "micro"], proj)
 
-    runs = ("npo", "t_npo", "s_npo", "s_npo_ens")
     assert _ran(_dvc(["repro"], proj)) == {
         "code", "world", "tokenizer", "pretrain", "finetune@target", "finetune@retain", "attribute", "reference",
         "evaluate_retain", "evaluate_target", *(f"{stage}@{run}" for stage in ("tune", "unlearn", "evaluate")
@@ -142,16 +144,16 @@ def test_the_demo_pipeline_and_a_new_tau_with_dvc_exp_run(tmp_path):
     # Reruns leave the repository clean: no timing reaches a file dvc.lock hashes (the loss curves, the evaluation).
     _run(["git", "add", "-A"], proj)
     _run(["git", "commit", "-qm", "demo"], proj)
-    for stage in ("pretrain", "evaluate@npo", "tune@npo", "report"):
+    for stage in ("pretrain", "evaluate@npo", "report"):
         _dvc(["repro", "--force", "--single-item", stage], proj)
     assert _run(["git", "status", "--porcelain"], proj) == ""
     timing = (proj / "artifacts/logs/timing/plots/finetune/base.csv").read_text().splitlines()
     assert timing[0] == "step,step_seconds,tokens_per_second" and len(timing) > 1
 
-    assert (proj / "artifacts/unlearn/s_npo/seed1/token_weights.parquet").is_file()
-    assert json.loads((proj / "artifacts/unlearn/s_npo/complete.json").read_text())["seeds"] == [0, 1]
-    runs = json.loads((proj / "artifacts/metrics/eval/s_npo.json").read_text())
-    assert runs["seeds"] == [0, 1] and set(runs["per_seed"]) == {"0", "1"} and "forget_es_std" in runs
+    assert (proj / "artifacts/unlearn/s_npo_ens/seed1/token_weights.parquet").is_file()
+    assert json.loads((proj / "artifacts/unlearn/s_npo_ens/complete.json").read_text())["seeds"] == [0, 1]
+    evaluated = json.loads((proj / "artifacts/metrics/eval/s_npo_ens.json").read_text())
+    assert evaluated["seeds"] == [0, 1] and set(evaluated["per_seed"]) == {"0", "1"} and "forget_es_std" in evaluated
     assert json.loads((proj / "artifacts/metrics/eval/retain.json").read_text())["forget_quality"] == 1.0
     assert json.loads((proj / "artifacts/metrics/eval/retain.json").read_text())["privleak"] == 0.0
     headline = json.loads((proj / "artifacts/metrics/headline/t_npo.json").read_text())
@@ -162,7 +164,7 @@ def test_the_demo_pipeline_and_a_new_tau_with_dvc_exp_run(tmp_path):
     table = (proj / "artifacts/report/results.md").read_text()
     assert "| before unlearning | target |" in table and "| T-NPO | t_npo |" in table
     equal = table.split("## At equal utility")[1]  # (the micro model's utility is 0: no curve falls to the floor)
-    assert all(f"| {label} | " in equal for label in ("NPO", "T-NPO", "S-NPO", "S-NPO [entropy+nocopy+span]"))
+    assert all(f"| {label} | " in equal for label in ("NPO", "T-NPO", "S-NPO [entropy+nocopy+span]"))
     for png in ("forget_quality_vs_utility.png", "extraction_strength.png", "tradeoff_npo.png"):
         assert (proj / "artifacts/report" / png).read_bytes()[:4] == b"\x89PNG"
     monitor = (proj / "artifacts/plots/monitor/npo/seed1.csv").read_text().splitlines()
@@ -171,10 +173,9 @@ def test_the_demo_pipeline_and_a_new_tau_with_dvc_exp_run(tmp_path):
     # The README's flow: a new τ reruns the soft runs' tuning, unlearning and evaluation, and the report; never
     # attribution, nor the runs that do not read τ.
     ran = _ran(_dvc(["exp", "run", "-S", "unlearn.weightings.soft.tau=1.0"], proj))
-    assert ran == {f"{stage}@{run}" for stage in ("tune", "unlearn", "evaluate") for run in ("s_npo", "s_npo_ens")} \
-        | {"report"}
+    assert ran == {"tune@s_npo_ens", "unlearn@s_npo_ens", "evaluate@s_npo_ens", "report"}
     assert "tau: 1.0" in (proj / "params.yaml").read_text()
-    assert "s_npo" in _dvc(["exp", "show", "--only-changed", "--md"], proj)
+    assert "s_npo_ens" in _dvc(["exp", "show", "--only-changed", "--md"], proj)
 
     # A killed multi-seed unlearn stage keeps the seeds it finished: its outputs persist, and the rerun trains only
     # the missing one. New seeds [2, 3]; the stage's process dies (as by SIGKILL) at seed 3's first step.

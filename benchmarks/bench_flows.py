@@ -5,8 +5,10 @@
            own share of it (each stage command timed by a wrapper put first on PATH) and what DVC spends around
            them, and how many of DVC's warnings name other pipelines' outputs ("No file hash info found")
 
-The τ change is undone afterwards (params.yaml and dvc.lock from git, the outputs by `dvc checkout`, the experiment
-removed), so the checkout is as it was. It imports nothing of the project's, so it times an older checkout alike:
+The τ change is undone afterwards (params.yaml and dvc.lock from git, the cached outputs by `dvc checkout`, the
+uncached ones, the evaluation summaries, by `dvc repro`; the experiment removed). Give a τ the checkout has not run:
+DVC's run cache would restore a run it has seen instead of running it. It imports nothing of the project's, so it
+times an older checkout alike:
 
     python benchmarks/bench_flows.py                                   # in the repository, after `make demo`
     /other/.venv/bin/python benchmarks/bench_flows.py --repo /other    # another checkout with its own venv
@@ -41,8 +43,10 @@ def fail(message: str) -> None:
 
 
 def dvc(repo: Path, bin_dir: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`dvc ARGS` in `repo`, its stages' commands found in the checkout's venv (`bin_dir`) first."""
+    path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
     return subprocess.run([str(bin_dir / "dvc"), *args], cwd=repo, capture_output=True, text=True,
-                          env={**os.environ, "DVC_NO_ANALYTICS": "1", **(env or {})})
+                          env={**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": path, **(env or {})})
 
 
 def status_cpu_seconds(repo: Path, bin_dir: Path, repeat: int) -> list[float]:
@@ -75,10 +79,17 @@ def tau_change(repo: Path, bin_dir: Path, tau: str) -> dict:
         if proc.returncode:
             fail(f"dvc exp run failed (exit {proc.returncode}): {output.strip()[-1500:]}")
     finally:
-        subprocess.run(["git", "checkout", "--", "params.yaml", "dvc.lock"], cwd=repo, capture_output=True)
-        dvc(repo, bin_dir, "checkout", "--force")
-        dvc(repo, bin_dir, "exp", "remove", name)
+        undo = [subprocess.run(["git", "checkout", "--", "params.yaml", "dvc.lock"], cwd=repo, capture_output=True,
+                               text=True), dvc(repo, bin_dir, "checkout", "--force"), dvc(repo, bin_dir, "repro"),
+                dvc(repo, bin_dir, "exp", "remove", name)]
+        for step in undo:
+            if step.returncode:
+                print(f"bench_flows: warning: undoing the τ change: {' '.join(map(str, step.args[:3]))} failed: "
+                      f"{(step.stdout + step.stderr).strip()[-300:]}", file=sys.stderr)
     ran = [line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage '")]
+    if not ran:
+        print(f"bench_flows: warning: τ={tau} ran no stage (restored from DVC's run cache): give another --tau",
+              file=sys.stderr)
     own = sum(float(end) - float(begin) for begin, end, *_ in stages)
     return {"tau": tau, "wall_s": round(wall, 1), "stages_s": round(own, 1), "around_stages_s": round(wall - own, 1),
             "stages": ran, "commands": [s[2] if len(s) > 2 else "" for s in stages],

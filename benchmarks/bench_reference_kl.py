@@ -79,7 +79,7 @@ def embedded(args) -> dict:
 
     model_dir = REPO / "experiments" / "artifacts" / "paper" / "models" / "target"
     if not model_dir.is_dir():
-        raise SystemExit(f"{model_dir}: build it first (dvc repro finetune@target)")
+        raise SystemExit(f"{model_dir}: build it first (cd experiments && dvc repro paper/dvc.yaml:finetune@target)")
     tok = load_tokenizer(model_dir)
     data = DataConfig(source=str(REPO / "experiments" / "artifacts" / "paper" / "world"))
     retain = retain_samples(data, tok, "retain90")[: args.samples]

@@ -13,8 +13,9 @@ The standard evaluation is open-unlearning's TOFU one: the forget, retain, real-
                  unlearn.monitor.every, plus the first)
 The sets, probes and attack settings are those of configs/paper.yaml (the paper's sweep, `make paper`).
 
-    python benchmarks/bench_robustness.py                    # the embedded target (after `dvc repro finetune@target`)
-    python benchmarks/bench_robustness.py --repeats 5 --model experiments/artifacts/paper/unlearn/ga/seed0/model
+    cd experiments   # the paper's sweep's outputs, and configs/paper.yaml's paths, are relative to it
+    python ../benchmarks/bench_robustness.py                 # the paper's target (after `make paper`'s finetune@target)
+    python ../benchmarks/bench_robustness.py --repeats 5 --model artifacts/paper/unlearn/ga/seed0/model
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ from pipeline.training.relearn import relearn_config, relearning_attack  # noqa:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="experiments/artifacts/paper/models/target")
-    ap.add_argument("--params", default="configs/paper.yaml")
+    ap.add_argument("--model", default="artifacts/paper/models/target")
+    ap.add_argument("--params", default="../configs/paper.yaml")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the tiny model's fastest)")
     args = ap.parse_args()

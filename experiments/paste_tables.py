@@ -8,7 +8,7 @@ not at all.
 
     python experiments/paste_tables.py RESULTS.md          # after the pipelines that write them (make demo, ...)
     python experiments/paste_tables.py RESULTS.md --check  # exit 1 if a block differs from its output
-    python experiments/paste_tables.py RESULTS.md --only experiments/artifacts/seeds/report/results.md  # one output's blocks
+    python experiments/paste_tables.py RESULTS.md --only experiments/artifacts/seeds/report/results.md  # one output
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from pipeline.common.errors import DataError
-from pipeline.sweep.code_deps import code_repo, stale_code_deps, write_code_deps, write_manifests
+from pipeline.sweep.code_deps import (code_repo, stale_code_deps, unwritten_manifests, write_code_deps,
+                                      write_manifests)
 
 log = logging.getLogger(__name__)
 
@@ -23,12 +24,17 @@ def _command_modules() -> dict[str, Path]:
 @click.option("--write", is_flag=True, help="Rewrite the stale deps in place (else: list them, exit 1 if any).")
 def command(dvc_files, write) -> None:
     """Each stage's code dependency is the manifest of the files its command imports, and the `code` stage's
-    deps are every such file (dvc.yaml, experiments/dvc.yaml and experiments/*/dvc.yaml by default): no one keeps them by hand. Run with
-    --write after adding a module, an import or a stage."""
+    deps are every such file (dvc.yaml, experiments/dvc.yaml and experiments/*/dvc.yaml by default): no one keeps
+    them by hand. Run with --write after adding a module, an import or a stage."""
     repo = code_repo()
-    files = [Path(f) for f in dvc_files] or [repo / "dvc.yaml", repo / "experiments" / "dvc.yaml",
-                                             *sorted((repo / "experiments").glob("*/dvc.yaml"))]
+    files = [Path(f) for f in dvc_files] or [f for f in (repo / "dvc.yaml", repo / "experiments" / "dvc.yaml",
+                                                         *sorted((repo / "experiments").glob("*/dvc.yaml")))
+                                             if f.is_file()]
     commands = _command_modules()
+    unwritten = unwritten_manifests(repo, files, commands)
+    if unwritten:
+        raise DataError(f"no `code` stage writes these stages' code manifests (add the script to its --script): "
+                        f"{'; '.join(unwritten)}")
     stale = 0
     for dvc_file in files:
         if write:

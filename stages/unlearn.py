@@ -6,6 +6,7 @@ Several processes: `torchrun --nproc_per_node 8 -m stages unlearn t_npo` or `dee
 
 import json
 import logging
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -62,7 +63,8 @@ def command(name, params: dict, shards, reference, out, checkpoints, plots, seed
     plots_dir = Path(plots or (f"{out}.plots" if out else f"artifacts/plots/unlearn/{name}"))
     monitor_dir = Path(monitor_plots or (f"{out}.monitor" if out else f"artifacts/plots/monitor/{name}")) \
         if monitor else None
-    if monitor is None and monitor_plots:  # monitor off: the output a DVC stage declares is there, and empty
+    if monitor is None and monitor_plots:  # monitor off: the output a DVC stage declares is there, and empty (it
+        shutil.rmtree(monitor_plots, ignore_errors=True)  # persists: an earlier run's curves would stay in it)
         Path(monitor_plots).mkdir(parents=True, exist_ok=True)
     whole_set = not seeds  # every seed of unlearn.seeds: the outputs hold those seeds and no other
     seeds = check_seeds(list(seeds) or section(params, "unlearn.seeds"))

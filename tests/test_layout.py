@@ -171,3 +171,20 @@ def test_an_edit_changes_only_the_manifests_of_the_code_that_imports_it(tmp_path
     write_manifests(tmp_path, entries, out)
     after = {p.name: p.read_bytes() for p in out.rglob("*.md5")}
     assert after["s.md5"] == before["s.md5"] and after["cmd.md5"] != before["cmd.md5"]
+
+
+def test_a_script_whose_manifest_no_code_stage_writes_is_named(tmp_path):
+    """A stage runs `python scripts/s.py`, but the `code` stage lacks `--script scripts/s.py`: `dvc repro` would fail
+    on the missing manifest, so `code-deps` names the stage and the manifest."""
+    from pipeline.sweep.code_deps import unwritten_manifests
+
+    for name, text in FILES.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    dvc_file = tmp_path / "dvc.yaml"
+    dvc_file.write_text("stages:\n  code:\n    cmd: tokenunlearn code-manifests --out artifacts/code\n"
+                        "  two:\n    cmd: python scripts/s.py\n  one:\n    cmd: tokenunlearn cmd\n")
+    commands = {"cmd": tmp_path / "stages" / "cmd.py", "code-manifests": tmp_path / "stages" / "options.py"}
+    assert unwritten_manifests(tmp_path, [dvc_file], commands) == [f"{dvc_file}: two: scripts/s.md5"]
+    dvc_file.write_text(dvc_file.read_text().replace("artifacts/code", "artifacts/code --script scripts/s.py"))
+    assert unwritten_manifests(tmp_path, [dvc_file], commands) == []

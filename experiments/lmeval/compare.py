@@ -2,8 +2,8 @@
 ± standard deviation over the unlearning seeds), and item by item how far the two disagree (the largest difference
 of a choice's log-likelihood, and the items whose predicted choice differs).
 
-    python experiments/lmeval/compare.py --evals artifacts/lmeval/m0 --items artifacts/lmeval/items \
-        --out artifacts/lmeval/report.md
+    cd experiments && python lmeval/compare.py --evals artifacts/lmeval/m0 --items artifacts/lmeval/items \
+        --out artifacts/lmeval/report.md     # as its DVC stage runs it
 """
 
 from __future__ import annotations

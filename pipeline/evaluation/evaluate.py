@@ -37,8 +37,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from pipeline.common.atomic import atomic_dir, write_json
-from pipeline.common.timing import timing_path
+from pipeline.common.atomic import atomic_dir
+from pipeline.common.timing import write_seconds
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import check_vocab, load_model, load_tokenizer
 from pipeline.common.paths import is_hub_name
@@ -215,10 +215,11 @@ def _own_retain(out_dir: Path, retain_dir: Path | None) -> bool:
 
 
 def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: Path | None,
-                   inputs: EvalInputs | None = None) -> dict:
+                   inputs: EvalInputs | None = None, timed_as: Path | None = None) -> dict:
     """Evaluate one model and write `out_dir` (atomically). `retain_dir`: the retain model's evaluation, for
     forget quality and privleak (None: neither; `out_dir` itself: this is the retain model). `inputs`: already
-    loaded by `load_inputs` (several models on the same inputs), else loaded here, before the model."""
+    loaded by `load_inputs` (several models on the same inputs), else loaded here, before the model. Its seconds
+    go beside `timed_as` (`out_dir`; common/timing.py), never into an output."""
     start = time.perf_counter()
     log.info("evaluating %s", model_path)
     own_retain = _own_retain(out_dir, retain_dir)
@@ -304,9 +305,6 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
     if cfg.quantize_spec is not None:
         _quantization_attack(model, model_path, tokenizer, template, inputs, cfg, summary)
 
-    seconds = round(time.perf_counter() - start, 1)
-    log.info("evaluated %s in %.0f s", model_path, seconds)
-    write_json(timing_path(Path(out_dir) / "metrics.json"), {"seconds": seconds})  # untracked, never in dvc.lock
     with atomic_dir(out_dir) as tmp:
         (tmp / "items").mkdir()
         for name, rows in records.items():
@@ -330,6 +328,9 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
         eval_io.write_strict_json(tmp / "metrics.json", summary)
         if ou_logs is not None:
             open_unlearning.write_files(tmp, ou_logs)  # the same evaluation in open-unlearning's layout
+    seconds = time.perf_counter() - start
+    log.info("evaluated %s in %.0f s", model_path, seconds)
+    write_seconds(timed_as or out_dir, seconds)
     return summary
 
 
@@ -488,7 +489,8 @@ def evaluate_path(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: P
     inputs = load_inputs(cfg, retain_dir, own_retain=not seeds and _own_retain(out_dir, retain_dir))
     if seeds:
         with atomic_dir(out_dir) as tmp:  # all seeds or none
-            per_seed = {seed: evaluate_model(str(model), cfg, tmp / f"seed{seed}", retain_dir, inputs)
+            per_seed = {seed: evaluate_model(str(model), cfg, tmp / f"seed{seed}", retain_dir, inputs,
+                                             timed_as=Path(f"{out_dir}.seed{seed}"))
                         for seed, model in seeds.items()}
             summary = {"model": str(model_path), **aggregate_seeds(per_seed)}
             eval_io.write_strict_json(tmp / "metrics.json", summary)

@@ -43,8 +43,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from pipeline.common.atomic import atomic_dir, write_json
-from pipeline.common.timing import timing_path
+from pipeline.common.atomic import atomic_dir
+from pipeline.common.timing import write_seconds
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import check_vocab, load_model, load_tokenizer
 from pipeline.common.paths import is_hub_name
@@ -278,7 +278,6 @@ def evaluate_muse(model_path: str, source: str, out_dir: Path, settings: MuseSet
         "definitions": {**asdict(s), "knowmem_stops": list(KNOWMEM_STOPS),
                         "n_icl": [len(sets.knowmem_forget_icl), len(sets.knowmem_retain_icl)]},
     })
-    write_json(timing_path(Path(out_dir) / "metrics.json"), {"seconds": round(time.perf_counter() - start, 1)})
     summary["definitions"].pop("batch_size")
 
     privleak_rows = lambda texts, scores: [  # noqa: E731
@@ -294,6 +293,7 @@ def evaluate_muse(model_path: str, source: str, out_dir: Path, settings: MuseSet
             pq.write_table(_table(records, {"source": str(source)}), tmp / "items" / f"{name}.parquet",
                            compression="zstd")
         eval_io.write_strict_json(tmp / "metrics.json", summary)
+    write_seconds(out_dir, time.perf_counter() - start)  # beside the output, untracked (common/timing.py)
     log.info("MUSE %s: VerbMem %.2f, KnowMem forget %.2f, KnowMem retain %.2f, PrivLeak %s (AUC %.3f)",
              model_path, summary["verbmem_f"], summary["knowmem_f"], summary["knowmem_r"],
              "n/a" if summary["privleak"] is None else f"{summary['privleak']:.2f}", aucs[s.attack])

@@ -55,7 +55,7 @@ def load_cells(root: Path, model_seeds: list[int], runs: list[str], unlearn_seed
                 if not file.is_file():
                     raise DataError(f"{file}: no evaluation of '{name}' for model seed {m}"
                                     + (f", unlearning seed {s}" if per_run else "")
-                                    + " (run `dvc repro experiments/seeds/dvc.yaml`)")
+                                    + " (run `make seeds`, or `dvc repro seeds/dvc.yaml` in experiments/)")
                 summary = check_summary(read_json(file, "evaluation summary"), file)
                 for k in keys:
                     if isinstance(summary.get(k), (int, float)):

@@ -271,7 +271,8 @@ def equal_utility_markdown(curves: dict[tuple[str, int], Curve], runs: list[str]
         versus = ""
         if base in at_floor and at_floor[base] is not None and es is not None:
             d = es - at_floor[base]
-            versus = f"{d:+.3f}: forgets {'more' if d < 0 else 'less' if d > 0 else 'as much'} than {labels.get(base, base)}"
+            word = "more" if d < 0 else "less" if d > 0 else "as much"
+            versus = f"{d:+.3f}: forgets {word} than {labels.get(base, base)}"
         lr = f"{curve.chosen['lr']:.2e}" if curve.chosen else "–"
         lines.append(f"| {labels.get(name, name)} | {lr} | {len(curve.trials)} | "
                      + ("– (its curve does not reach the floor)" if es is None else f"{es:.3f}") + f" | {versus} |")

@@ -227,6 +227,26 @@ def stale_code_deps(repo: Path, dvc_file: Path, commands: dict[str, Path]) -> di
     return stale
 
 
+def unwritten_manifests(repo: Path, dvc_files: list[Path], commands: dict[str, Path]) -> list[str]:
+    """`FILE: STAGE: MANIFEST` for each stage whose code manifest no `code` stage of its project writes (a script
+    that its `--script` options lack): `dvc repro` would fail on the missing dependency."""
+    written: dict[Path, set[str]] = {}
+    wanted = []
+    for dvc_file in dvc_files:
+        _, stages = dvc_stages(dvc_file)
+        code = CodeDeps(repo, dvc_file, commands)
+        for stage in stages:
+            if stage.cmd.split()[:2] == ["tokenunlearn", MANIFEST_COMMAND]:
+                entries = manifest_entries(repo, stage.cmd, commands, stage.where)
+                written.setdefault(code.manifests, set()).update(
+                    manifest_name(repo, e) for e in entries if entry_code(repo, e))
+                continue
+            entry = command_entry(repo, stage.cmd, commands, stage.where)
+            if entry is not None and entry_code(repo, entry):
+                wanted.append((dvc_file, stage.name, code.manifests, manifest_name(repo, entry)))
+    return [f"{f}: {name}: {m}" for f, name, root, m in wanted if m not in written.get(root, set())]
+
+
 def write_code_deps(repo: Path, dvc_file: Path, commands: dict[str, Path]) -> list[str]:
     """Rewrite the code entries of each stage's deps in `dvc_file` (after its other deps); return the stages
     changed. Only those lines change: comments, order and every other entry stay as they are."""

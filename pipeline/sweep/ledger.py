@@ -61,11 +61,12 @@ class DvcLedger:
         from dvc.repo import Repo
 
         top = self.root / "dvc.yaml"
-        if not top.is_file() or "\n  code:\n" not in top.read_text(encoding="utf-8"):
+        if not top.is_file():
             return
         try:
             with Repo(str(self.root)) as repo:
-                repo.reproduce(f"{top}:code", single_item=True)
+                if "code" in {s.name for s in repo.stage.collect(str(top))}:
+                    repo.reproduce(f"{top}:code", single_item=True)
         except DvcException as e:
             raise DataError(f"{top}: the stage `code` (the code manifests) failed: {e}") from None
 

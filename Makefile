@@ -35,7 +35,7 @@ demo: setup
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(VENV)/bin/dvc repro
 	@echo
 	@sed -n '/^| model/,/^$$/p' artifacts/report/results.md
-	@sed -n '/^## At equal utility/,/^How:/{/^How:/!p}' artifacts/report/results.md
+	@sed -n '/^### At equal utility/,/^How:/{/^How:/!p}' artifacts/report/results.md
 	@echo
 	@echo "The report: artifacts/report/results.md, its plots artifacts/report/*.png. Next (after . $(VENV)/bin/activate):"
 	@echo "  dvc exp run -S unlearn.weightings.soft.tau=1.0    # a new τ: only the soft runs' stages rerun"

@@ -255,7 +255,7 @@ def equal_utility_markdown(curves: dict[tuple[str, int], Curve], runs: list[str]
     floor, its difference from its method's sequence-level run, and which run forgets the most there."""
     floors = {round(c.utility_min, 3) for c in curves.values()}
     floor = f"model utility {floors.pop():.3f}" if len(floors) == 1 else "each run's model utility floor"
-    lines = ["## At equal utility", "",
+    lines = ["### At equal utility", "",
              f"Each run's learning rate was bisected onto the utility floor ({floor}, tune.utility_floor × the "
              "target's), and its forget ES read there. Lower forgets more.", "",
              "| run | bisected lr | trials | forget ES at the floor | against its method's sequence-level run |",

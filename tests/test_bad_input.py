@@ -449,7 +449,8 @@ def test_a_full_disk_stops_unlearn_with_one_line_and_leaves_nothing(attribution_
 
 
 def test_two_runs_never_write_the_same_output(attribution_dir, micro_world_dir, micro_model_dir, tmp_path, capsys):
-    from pipeline.common.atomic import OutputBusy, hold_outputs
+    from pipeline.common.atomic import hold_outputs
+    from pipeline.common.locks import OutputBusy
 
     params = stage_params(tmp_path, micro_world_dir, micro_model_dir)
     common = ["unlearn", "ga", "--params", params, "--shards", str(attribution_dir[0] / "shards"),

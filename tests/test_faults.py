@@ -66,7 +66,7 @@ def test_a_waiter_whose_builder_dies_stops_with_one_line_instead_of_waiting_fore
 
 
 def test_an_empty_lock_is_broken_only_once_older_than_any_build(tmp_path):
-    from pipeline.common.distributed import stale_lock_owner
+    from pipeline.common.locks import stale_lock_owner
 
     lock = tmp_path / "lock"
     lock.touch()  # torch's own baton writes no owner

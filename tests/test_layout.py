@@ -61,6 +61,59 @@ def test_each_package_says_what_it_is_for_and_what_it_may_use(package):
     assert doc and "May use" in doc, f"pipeline/{package}/__init__.py needs a docstring with 'May use: ...'"
 
 
+def module_imports(path: Path, modules: set[str]) -> set[str]:
+    """The library modules `path` imports, lazy imports included (`from pipeline.x import y` counts as module
+    pipeline.x.y where that is a module, else pipeline.x)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                      for a in node.names}
+    return found & modules
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """The import circles among the modules of `root`/pipeline: each strongly connected set of two or more."""
+    files = {".".join(f.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): f
+             for f in (root / "pipeline").rglob("*.py")}
+    graph = {name: module_imports(f, set(files)) - {name} for name, f in files.items()}
+    cycles, reaches = [], {}
+
+    def reach(start: str) -> set[str]:  # every module `start` imports, directly or not
+        if start not in reaches:
+            seen, todo = set(), [start]
+            while todo:
+                for nxt in graph[todo.pop()] - seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+            reaches[start] = seen
+        return reaches[start]
+
+    for name in sorted(graph):
+        circle = sorted(m for m in reach(name) if name in reach(m))
+        if name in circle and circle not in cycles:
+            cycles.append(circle)
+    return cycles
+
+
+def test_no_module_imports_itself_round_a_circle():
+    """A circle hidden by an import inside a function is a circle still: every import counts."""
+    assert import_cycles(REPO) == []
+
+
+def test_a_circle_through_a_lazy_import_is_found(tmp_path):
+    files = {"pipeline/__init__.py": "", "pipeline/a.py": "from pipeline.b import f\n",
+             "pipeline/b.py": "def f():\n    from pipeline import a\n", "pipeline/c.py": "import pipeline.a\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert import_cycles(tmp_path) == [["pipeline.a", "pipeline.b"]]
+    (tmp_path / "pipeline/b.py").write_text("def f():\n    pass\n")
+    assert import_cycles(tmp_path) == []
+
+
 def test_stages_are_thin():
     """Commands read params, call the library and write: no stage module holds more than a screenful or two."""
     long = {p.name: n for p in (REPO / "stages").glob("*.py") if (n := len(p.read_text().splitlines())) > 90}

@@ -1,4 +1,5 @@
-"""Checks on a LoRA adapter directory before `peft` reads it (see the comment below); `load_model` runs them."""
+"""LoRA adapter directories: their files, the PEFT model inside a wrapped one, and the checks on a directory
+before `peft` reads it (see the comment below), which `modeling.load_model` runs."""
 
 from __future__ import annotations
 
@@ -11,9 +12,19 @@ from pathlib import Path
 import torch
 
 from pipeline.common.errors import DataError
-from pipeline.common.modeling import ADAPTER_NOTE, unwrap_adapters
 
 log = logging.getLogger(__name__)
+
+ADAPTER_CONFIG = "adapter_config.json"  # a directory of LoRA adapters (PEFT's files), written with `lora.save: adapter`
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_NOTE = "base_model.json"        # beside them: the base model the adapters belong to, and its hash
+
+
+def unwrap_adapters(model):
+    """The causal LM inside a PEFT model (LoRA adapters injected in its layers); any other model as it is."""
+    get_base = getattr(type(model), "get_base_model", None)  # PeftModel's; transformers' models have none
+    return model.get_base_model() if callable(get_base) else model
+
 
 # --- Checks on an adapter directory before `peft` reads it -------------------------------------------------------
 # PEFT trusts adapter_config.json and adapter_model.safetensors: a wrong base, a truncated file, a config that
@@ -21,8 +32,6 @@ log = logging.getLogger(__name__)
 # adapter merged onto a model it was not trained on). These checks read only the JSON files and the safetensors
 # header (never the tensors' data, never a pickle) and raise one DataError line naming the file and the problem.
 
-_ADAPTER_CONFIG = "adapter_config.json"
-_ADAPTER_WEIGHTS = "adapter_model.safetensors"
 _PEFT_PREFIX = "base_model.model."  # PEFT's prefix of the base's module names in the saved keys
 _LORA_KEY = re.compile(r"(?P<module>.+)\.lora_(?P<which>[AB])\.weight")
 
@@ -41,10 +50,10 @@ def check_adapter(directory: str | Path, model=None, base: str | Path | None = N
     recorded = config["base_model_name_or_path"]
     note = _read_note(directory)
     if note is not None and note.get("base_model") and not same_base(note["base_model"], recorded):
-        raise DataError(f"{directory / _ADAPTER_CONFIG}: base_model_name_or_path '{recorded}' disagrees with "
+        raise DataError(f"{directory / ADAPTER_CONFIG}: base_model_name_or_path '{recorded}' disagrees with "
                         f"{ADAPTER_NOTE}'s base_model '{note['base_model']}' (the file was edited or mixed up)")
     if base is not None and not same_base(recorded, base):
-        raise DataError(f"{directory / _ADAPTER_CONFIG}: the adapter was trained on '{recorded}', not on '{base}', "
+        raise DataError(f"{directory / ADAPTER_CONFIG}: the adapter was trained on '{recorded}', not on '{base}', "
                         "onto which it was to be merged")
     if model is not None:
         check_adapter_shapes(directory, config, adapter_shapes(directory), model)
@@ -83,7 +92,7 @@ def read_adapter_config(directory: Path) -> dict:
     """adapter_config.json as the keyword arguments of this peft's LoraConfig (checked by building one)."""
     from peft import LoraConfig
 
-    path = Path(directory) / _ADAPTER_CONFIG
+    path = Path(directory) / ADAPTER_CONFIG
     config = _read_json(path)
     if config.get("peft_type", "LORA") != "LORA":  # the loader merges LoRA's A and B only
         raise DataError(f"{path}: peft_type {config['peft_type']!r}: only LoRA adapters (LORA) can be loaded")
@@ -138,7 +147,7 @@ def adapter_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
     file's length: a truncated or corrupt file fails here, with one line, rather than inside peft)."""
     from safetensors import SafetensorError, safe_open
 
-    path = Path(directory) / _ADAPTER_WEIGHTS
+    path = Path(directory) / ADAPTER_WEIGHTS
     try:
         with safe_open(str(path), framework="pt") as f:
             return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
@@ -176,7 +185,7 @@ def check_adapter_shapes(directory: Path, config: dict, shapes: dict, model) -> 
     size-mismatch traceback from torch, or adapters that PEFT silently leaves at their initial values."""
     from peft.utils.other import get_pattern_key
 
-    path = Path(directory) / _ADAPTER_WEIGHTS
+    path = Path(directory) / ADAPTER_WEIGHTS
     model = unwrap_adapters(model)
     pairs: dict[str, dict[str, tuple]] = {}
     for key, shape in shapes.items():
@@ -201,20 +210,20 @@ def check_adapter_shapes(directory: Path, config: dict, shapes: dict, model) -> 
             raise DataError(f"{path}: module '{name}' is a {type(modules[name]).__name__} in the base model, not a "
                             "linear layer")
         if name not in targeted:
-            raise DataError(f"{path}: module '{name}' has weights but {_ADAPTER_CONFIG}'s target_modules "
+            raise DataError(f"{path}: module '{name}' has weights but {ADAPTER_CONFIG}'s target_modules "
                             f"({config.get('target_modules')!r}) does not select it")
         r = rank_pattern.get(get_pattern_key(rank_pattern.keys(), name), config.get("r", 8))
         fan_in, fan_out = dims
         if a != (r, fan_in) or b != (fan_out, r):
             raise DataError(f"{path}: module '{name}': lora_A {list(a)} and lora_B {list(b)}, but r={r} in "
-                            f"{_ADAPTER_CONFIG} and the base's layer ({fan_in} in, {fan_out} out) need lora_A "
+                            f"{ADAPTER_CONFIG} and the base's layer ({fan_in} in, {fan_out} out) need lora_A "
                             f"{[r, fan_in]} and lora_B {[fan_out, r]}")
     missing = sorted(n for n in targeted if _linear_dims(modules[n]) and n not in pairs)
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        raise DataError(f"{path}: {_ADAPTER_CONFIG}'s target_modules ({config.get('target_modules')!r}) selects "
+        raise DataError(f"{path}: {ADAPTER_CONFIG}'s target_modules ({config.get('target_modules')!r}) selects "
                         f"{missing[:3]}{more}, for which the file holds no weights")
     odd = sorted(n for n in targeted if not _linear_dims(modules[n]))
     if odd:
-        raise DataError(f"{path}: {_ADAPTER_CONFIG}'s target_modules ({config.get('target_modules')!r}) selects "
+        raise DataError(f"{path}: {ADAPTER_CONFIG}'s target_modules ({config.get('target_modules')!r}) selects "
                         f"non-linear layers {odd[:3]}; only linear layers can be loaded")

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from pipeline.common.errors import TokenUnlearnError
+from pipeline.common.locks import OutputBusy, output_lock, pid_alive, refuse_symlink
 
 
 log = logging.getLogger(__name__)
@@ -40,17 +40,6 @@ def _tmp_sibling(target: Path, is_dir: bool) -> Path:
     os.close(fd)
     os.chmod(name, 0o666 & ~_UMASK)  # mkstemp makes 0600; the artifact follows the user's umask
     return Path(name)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` of this host is running (another user's counts as running)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
 
 
 def remove_leftovers(target: Path) -> list[Path]:
@@ -124,55 +113,7 @@ def write_jsonl(target: str | os.PathLike, rows: Iterable[dict]) -> None:
             f.write("\n")
 
 
-# ---- output locks ---------------------------------------------------------------------------------------------
-
-class OutputBusy(TokenUnlearnError):
-    """Another run is writing the same output."""
-
-
-def _lock_file(target: Path) -> Path:
-    return target.parent / f".{target.name}.lock"
-
-
-@contextlib.contextmanager
-def _locked(target: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `target` (a lock file beside it) or fail at once; the lock dies with the process,
-    so a killed run never leaves a stale one."""
-    import fcntl
-
-    path = _lock_file(target)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666 & ~_UMASK)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise OutputBusy(f"{target}: another run is writing it ({holder}); wait for it to finish, or write "
-                             "elsewhere (--out)") from None
-        # The lock file may have been removed and recreated by a run that just finished: lock the current one.
-        try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
-    try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
-        yield
-    finally:
-        path.unlink(missing_ok=True)
-        os.close(fd)
-
-
-def refuse_symlink(target: Path) -> None:
-    if target.is_symlink():
-        raise TokenUnlearnError(f"{target}: is a symbolic link (to {os.readlink(target)}); outputs are replaced "
-                                "atomically, which would replace the link: give the real path instead")
-
+# ---- output locks, held for a stage ---------------------------------------------------------------------------
 
 @contextlib.contextmanager
 def hold_outputs(*targets: str | os.PathLike | None) -> Iterator[None]:
@@ -189,7 +130,7 @@ def hold_outputs(*targets: str | os.PathLike | None) -> Iterator[None]:
         if is_main_process():
             try:
                 for path in paths:
-                    stack.enter_context(_locked(path))
+                    stack.enter_context(output_lock(path))
             except OutputBusy as e:
                 error = str(e)
         error = broadcast_from_main(error)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.common.atomic import pid_alive
+from pipeline.common.locks import stale_lock_owner
 from pipeline.common.paths import cache_dir
 
 
@@ -84,23 +84,6 @@ class _OwnedBaton:
         logging.getLogger(__name__).warning("removed the build lock %s of a killed run (%s)", self.lock_file_path,
                                             owner)
         return True
-
-
-def stale_lock_owner(path: Path, empty_after_seconds: float) -> str | None:
-    """Who left the lock file `path`, if they are gone ("pid N on HOST, not running"); None while it is held (or
-    the owner cannot be told from here: another host)."""
-    import time
-
-    try:
-        text, age = path.read_text(errors="replace").split(), time.time() - path.stat().st_mtime
-    except FileNotFoundError:
-        return None
-    if len(text) == 2 and text[1].isdigit():
-        host, pid = text[0], int(text[1])
-        if host != socket.gethostname() or pid_alive(pid):
-            return None
-        return f"pid {pid} on {host}, not running"
-    return f"an empty lock {age:.0f} s old" if age > empty_after_seconds else None
 
 
 def _break_stale_build_locks() -> None:

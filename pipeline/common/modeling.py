@@ -17,15 +17,13 @@ from typing import Iterable
 import torch
 
 from pipeline.common.atomic import atomic_dir
+from pipeline.common.adapters import ADAPTER_CONFIG, ADAPTER_NOTE, ADAPTER_WEIGHTS, check_adapter, unwrap_adapters
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.paths import hub_failure, hub_reachable, is_hub_name, require_local_or_hub
 
 log = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "mask_token": "<mask>"}
-ADAPTER_CONFIG = "adapter_config.json"  # a directory of LoRA adapters (PEFT's files), written with `lora.save: adapter`
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_NOTE = "base_model.json"        # beside them: the base model the adapters belong to, and its hash
 
 
 @dataclass(frozen=True)
@@ -155,8 +153,6 @@ def _load_adapter(directory: Path, dtype: torch.dtype | None, trust_remote_code:
         pickled = " (only pickle weights, adapter_model.bin, which TokenUnlearn never loads)" \
             if (directory / "adapter_model.bin").is_file() else ""
         raise DataError(f"model '{directory}': an adapter directory without {ADAPTER_WEIGHTS}{pickled}")
-    from pipeline.common.adapters import check_adapter  # here: adapters imports this module
-
     base = check_adapter(directory)  # its config and recorded base agree, before any base is loaded
     from transformers.integrations import is_deepspeed_zero3_enabled
 
@@ -184,12 +180,6 @@ def _pickle_only(name: str) -> str:
             f"AutoModelForCausalLM, AutoTokenizer; m = '{name}'; "
             "AutoModelForCausalLM.from_pretrained(m, use_safetensors=False).save_pretrained('converted'); "
             "AutoTokenizer.from_pretrained(m).save_pretrained('converted')\", then use the directory 'converted'")
-
-
-def unwrap_adapters(model):
-    """The causal LM inside a PEFT model (LoRA adapters injected in its layers); any other model as it is."""
-    get_base = getattr(type(model), "get_base_model", None)  # PeftModel's; transformers' models have none
-    return model.get_base_model() if callable(get_base) else model
 
 
 def decoder(model):

@@ -21,7 +21,8 @@ from contextlib import contextmanager
 import torch
 
 from pipeline.common.errors import DataError, ParamError
-from pipeline.common.modeling import decoder, unwrap_adapters
+from pipeline.common.adapters import unwrap_adapters
+from pipeline.common.modeling import decoder
 from pipeline.common.paths import require_local_or_hub
 
 QUANT_METHODS = ("auto", "rtn", "bnb")

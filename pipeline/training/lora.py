@@ -20,7 +20,8 @@ from typing import Callable, Iterator
 import torch
 
 from pipeline.common.errors import ParamError
-from pipeline.common.modeling import ADAPTER_NOTE, model_hash, unwrap_adapters, write_model
+from pipeline.common.adapters import ADAPTER_NOTE, unwrap_adapters
+from pipeline.common.modeling import model_hash, write_model
 from pipeline.common.params import at_least, between, check_rules, dataclass_from_params, one_of, positive
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """`tokenunlearn diagnose`: where unlearning moved probability mass on the forget answers, per token class, for
-uniform and token-weighted runs side by side (pipeline/evaluation/mass_shift.py)."""
+uniform and token-weighted runs side by side (pipeline/studies/mass_shift.py)."""
 
 import logging
 from pathlib import Path
@@ -12,7 +12,7 @@ import torch
 from pipeline.common.atomic import atomic_dir, hold_outputs
 from pipeline.common.modeling import load_model
 from pipeline.evaluation.eval_io import write_strict_json
-from pipeline.evaluation.mass_shift import (answer_logp, check_target, load_forget_samples, load_run_weights,
+from pipeline.studies.mass_shift import (answer_logp, check_target, load_forget_samples, load_run_weights,
                                             run_seeds, summarize, summary_markdown, token_records)
 
 from .options import shards_option

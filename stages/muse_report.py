@@ -9,9 +9,9 @@ import click
 from pipeline.common.atomic import hold_outputs
 from pipeline.common.params import section
 from pipeline.data.muse_requests import load_requests
-from pipeline.evaluation.muse_report import (Entry, read_muse_summary, read_series_spec, series_points,
+from pipeline.studies.muse_report import (Entry, read_muse_summary, read_series_spec, series_points,
                                             write_muse_report, write_series_report)
-from pipeline.evaluation.report import paper_name
+from pipeline.studies.report import paper_name
 
 from .options import params_options
 

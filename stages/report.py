@@ -8,9 +8,9 @@ import click
 from pipeline.common.atomic import hold_outputs
 from pipeline.common.errors import ParamError
 from pipeline.common.params import check_keys, section
-from pipeline.evaluation.report import load_ablations, load_rows, missing_evaluations, missing_note, write_report
-from pipeline.evaluation.significance import variant_pairs
-from pipeline.evaluation.tradeoff import write_equal_utility
+from pipeline.studies.report import load_ablations, load_rows, missing_evaluations, missing_note, write_report
+from pipeline.studies.significance import variant_pairs
+from pipeline.studies.tradeoff import write_equal_utility
 from pipeline.training.unlearn import run_spec
 
 from .options import params_options

@@ -12,10 +12,10 @@ from pipeline.common.atomic import atomic_file, hold_outputs
 from pipeline.evaluation.eval_io import write_strict_json
 from pipeline.common.errors import ParamError
 from pipeline.common.params import check_keys, section
-from pipeline.evaluation.report import run_row
-from pipeline.evaluation.significance import (comparison_table, comparisons, load_cells, lr_table, main_table,
+from pipeline.studies.report import run_row
+from pipeline.studies.significance import (comparison_table, comparisons, load_cells, lr_table, main_table,
                                               models_table, variant_pairs)
-from pipeline.evaluation.tradeoff import write_curves
+from pipeline.studies.tradeoff import write_curves
 
 from .options import params_options
 

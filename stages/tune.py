@@ -15,7 +15,7 @@ from pipeline.data.config import DataConfig
 from pipeline.evaluation.config import eval_config
 from pipeline.evaluation.evaluate import evaluate_model, load_inputs
 from pipeline.training.engine import TrainingDiverged
-from pipeline.training.tuning import TuneConfig, choice_table, plot_tradeoff, tune_group
+from pipeline.studies.tuning import TuneConfig, choice_table, plot_tradeoff, tune_group
 from pipeline.training.unlearn import run_configs, run_unlearn
 
 from .options import params_options, reference_option, shards_option

@@ -247,7 +247,7 @@ def test_unknown_unlearn_keys_are_errors(edit, message):
     ("check", lambda v: __import__("pipeline.evaluation.exact_match", fromlist=["x"]).CheckConfig.from_params(v)),
     ("evaluate", lambda v: __import__("pipeline.evaluation.config", fromlist=["x"]).EvalConfig.from_params(v)),
     ("attribution", lambda v: __import__("pipeline.attribution.run", fromlist=["x"]).AttributionConfig.from_params(v)),
-    ("tune", lambda v: __import__("pipeline.training.tuning", fromlist=["x"]).TuneConfig.from_params(v)),
+    ("tune", lambda v: __import__("pipeline.studies.tuning", fromlist=["x"]).TuneConfig.from_params(v)),
     ("data", lambda v: DataConfig.from_params(v)),
 ])
 def test_every_section_rejects_unknown_keys(section, build):

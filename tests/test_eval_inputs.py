@@ -14,8 +14,8 @@ from pipeline.common.errors import DataError
 from pipeline.evaluation import eval_io
 from pipeline.evaluation.evaluate import _item_table, load_retain_auc, load_retain_reference
 from pipeline.evaluation.open_unlearning import EVAL_FILE, eval_logs, export_evaluation, write_files
-from pipeline.evaluation.report import LOG10_FQ_FLOOR, load_rows
-from pipeline.evaluation.significance import load_cells
+from pipeline.studies.report import LOG10_FQ_FLOOR, load_rows
+from pipeline.studies.significance import load_cells
 from pipeline.evaluation.tofu_metrics import MIN_PVALUE, forget_quality
 from stages.cli import run
 

@@ -9,7 +9,7 @@ import pytest
 from pipeline.common.errors import DataError, ParamError
 from pipeline.evaluation.config import EvalConfig
 from pipeline.evaluation.evaluate import evaluate_model, evaluate_path
-from pipeline.evaluation.report import load_rows, results_table, write_report
+from pipeline.studies.report import load_rows, results_table, write_report
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -209,7 +209,7 @@ def test_seeds_are_summarised_as_mean_and_sample_std():
 
 
 def test_comparison_marks_differences_beyond_the_spread(tmp_path):
-    from pipeline.evaluation.report import Row, comparison_table
+    from pipeline.studies.report import Row, comparison_table
 
     def row(name, weighting, fes, sd, seeds=(0, 1, 2)):
         return Row(name, name.upper(), "ga", weighting, {"forget_es": fes, "forget_es_std": sd, "seeds": list(seeds)})
@@ -224,7 +224,7 @@ def test_comparison_marks_differences_beyond_the_spread(tmp_path):
 
 
 def test_comparison_sets_a_variant_score_against_the_same_run_with_phi():
-    from pipeline.evaluation.report import Row, comparison_table
+    from pipeline.studies.report import Row, comparison_table
 
     def row(name, weighting, fes, score="phi"):
         return Row(name, name.upper(), "ga", weighting, {"forget_es": fes, "forget_es_std": 0.01, "seeds": [0, 1]},

@@ -1,4 +1,4 @@
-"""The library's layout: data flows one way (data → attribution → training → evaluation), the common ground
+"""The library's layout: data flows one way (data → attribution → training → evaluation → studies), the common ground
 imports none of the stages, and every subpackage says what it is for."""
 
 import ast
@@ -8,7 +8,7 @@ import pytest
 
 from .conftest import REPO
 
-ORDER = ["common", "data", "attribution", "training", "evaluation"]
+ORDER = ["common", "data", "attribution", "training", "evaluation", "studies"]
 # What each package may import (its docstring says the same): never a package after it; evaluation reads models
 # and results from disk, so it needs neither stage one nor the trainer.
 MAY_USE = {
@@ -17,6 +17,7 @@ MAY_USE = {
     "attribution": {"common", "data", "attribution"},
     "training": {"common", "data", "attribution", "training"},
     "evaluation": {"common", "data", "evaluation"},
+    "studies": {"common", "data", "attribution", "training", "evaluation", "studies"},
 }
 # Beside the flow: the sweep runs the stages' commands (never their code) and records them with DVC.
 BESIDE = {"sweep": {"common", "sweep"}}

@@ -116,7 +116,7 @@ def test_summary_keys_are_the_top_level_tasks_metrics_filters_and_stderrs():
 
 
 def test_the_report_shows_the_lmeval_columns():
-    from pipeline.evaluation.report import Row, check_summary, results_table
+    from pipeline.studies.report import Row, check_summary, results_table
 
     summary = {"forget_es": 0.5, "mc_bio": 0.25, "lmeval_gsm8k_exact_match_strict_match": 0.125,
                "lmeval_gsm8k_exact_match_strict_match_stderr": 0.1, "seeds": [0]}

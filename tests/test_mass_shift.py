@@ -1,4 +1,4 @@
-"""Mass shift on the forget answers (pipeline/evaluation/mass_shift.py): the summary on hand-made records, the
+"""Mass shift on the forget answers (pipeline/studies/mass_shift.py): the summary on hand-made records, the
 records of a hand-made sample, and `tokenunlearn diagnose` end to end on the micro world."""
 
 import json
@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from pipeline.common.errors import DataError
 from pipeline.data.config import DataConfig
-from pipeline.evaluation.mass_shift import (ForgetSample, load_forget_samples, load_run_weights, selected_tokens,
+from pipeline.studies.mass_shift import (ForgetSample, load_forget_samples, load_run_weights, selected_tokens,
                                             summarize, token_records)
 from pipeline.training.engine import TrainConfig
 from pipeline.training.unlearn import UnlearnConfig, run_unlearn

@@ -58,7 +58,7 @@ def test_only_registered_keys_and_the_families_are_metrics():
 
 
 def test_the_report_checks_a_registered_metrics_range(tmp_path):
-    from pipeline.evaluation.report import check_summary
+    from pipeline.studies.report import check_summary
 
     check_summary({"forget_es": 0.5, "privleak": -250.0, "seconds": 12.0, "privleak_loss": -80.0,
                    "lmeval_wikitext_word_perplexity": 35.5}, tmp_path / "m.json")
@@ -72,8 +72,8 @@ def test_the_report_checks_a_registered_metrics_range(tmp_path):
 
 def test_a_metric_has_one_title_in_the_report_and_in_the_table_over_seeds():
     """The report's robustness table and report-seeds' table title the forget authors' multiple choice alike."""
-    from pipeline.evaluation.report import Row, results_table
-    from pipeline.evaluation.significance import Cells, main_table
+    from pipeline.studies.report import Row, results_table
+    from pipeline.studies.significance import Cells, main_table
 
     rows = [Row("t", "before unlearning", "", "", {"mc_world_forget": 1.0, "q4_forget_es": 0.9})]
     report_header = results_table(rows, [metric("mc_world_forget")])[0].splitlines()[0]

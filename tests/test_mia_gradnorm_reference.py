@@ -307,7 +307,7 @@ def test_mia_params(micro_world_dir):
 
 
 def test_report_shows_both_privleaks(tmp_path):
-    from pipeline.evaluation.report import load_rows, write_report
+    from pipeline.studies.report import load_rows, write_report
 
     metrics = tmp_path / "eval"
     metrics.mkdir()

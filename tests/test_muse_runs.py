@@ -15,8 +15,8 @@ import yaml
 
 from pipeline.common.errors import DataError, ParamError
 from pipeline.data.muse_requests import Request, load_requests, split_requests, write_muse_corpora
-from pipeline.evaluation import muse_report
-from pipeline.evaluation.muse_report import Entry, Point
+from pipeline.studies import muse_report
+from pipeline.studies.muse_report import Entry, Point
 
 from .conftest import REPO, micro_params
 

@@ -236,7 +236,7 @@ def test_the_comparison_script_prints_both_definitions_side_by_side(micro_model_
     numbers but extraction strength, which strict scores lower (0 where open-unlearning's loop gives 1/n)."""
     import yaml
 
-    from pipeline.evaluation.compare_definitions import main
+    from pipeline.studies.compare_definitions import main
 
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({"data": {"source": str(micro_world_dir), "template": "plain"},

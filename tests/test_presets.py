@@ -44,7 +44,7 @@ def test_preset_builds_every_stage_config(overlays):
     eval_config(params)
     from pipeline.attribution.reference import ReferenceConfig
     from pipeline.evaluation.exact_match import CheckConfig
-    from pipeline.training.tuning import TuneConfig
+    from pipeline.studies.tuning import TuneConfig
 
     reference = ReferenceConfig.from_params(section(params, "reference"))
     assert reference.model == section(params, "attribution.model") == section(params, "unlearn.model")  # θ_o
@@ -80,7 +80,7 @@ def test_params_and_its_overlays_build_every_stage_config(experiment, monkeypatc
     """params.yaml as `make demo` reads it, configs/paper.yaml as `make paper` does, and with each overlay of the
     experiments' pipelines."""
     from pipeline.evaluation.config import eval_config
-    from pipeline.training.tuning import TuneConfig
+    from pipeline.studies.tuning import TuneConfig
     from pipeline.training.unlearn import run_configs
     from stages.finetune import job_from_params
 
@@ -127,7 +127,7 @@ def test_the_seeds_and_ladder_overlays_build_their_stage_configs(rung, millions)
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from pipeline.evaluation.config import eval_config
-    from pipeline.training.tuning import TuneConfig
+    from pipeline.studies.tuning import TuneConfig
     from pipeline.training.unlearn import run_configs
 
     seeds = ["configs/seeds.yaml"]
@@ -173,7 +173,7 @@ def test_the_methods_overlay_runs_every_method_three_ways_at_equal_utility():
     lr bisected; stage one keeps what the new methods read, UNDIAL's teacher over the whole vocabulary."""
     from pipeline.evaluation.config import eval_config
     from pipeline.training.methods import METHODS
-    from pipeline.training.tuning import TuneConfig
+    from pipeline.studies.tuning import TuneConfig
     from pipeline.training.unlearn import run_configs
 
     params = load_params(CONFIGS / "paper.yaml", [CONFIGS / "seeds.yaml", CONFIGS / "methods.yaml"])

@@ -9,7 +9,7 @@ import yaml
 from click.testing import CliRunner
 
 from pipeline.common.errors import DataError
-from pipeline.evaluation.report import (Row, comparison_table, load_ablations, load_rows, missing_evaluations,
+from pipeline.studies.report import (Row, comparison_table, load_ablations, load_rows, missing_evaluations,
                                         missing_note, write_report)
 from stages.cli import cli
 
@@ -83,7 +83,7 @@ def test_an_ablation_needs_two_evaluated_runs(tmp_path, caplog):
              "t_r40": {"method": "npo", "weighting": "hard", "r": 0.4},
              "t_r20": {"method": "npo", "weighting": "hard", "r": 0.2}}
     metrics = _metrics(tmp_path, ["target", "retain", "t_r40"])
-    with caplog.at_level(logging.WARNING, logger="pipeline.evaluation.report"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.studies.report"):
         assert load_ablations(metrics, {"r": list(specs)}, specs) == []
     assert "ablation of r skipped: 1 of its 3 runs evaluated (not yet: t_r10, t_r20)" in caplog.text
     (metrics / "t_r10.json").write_text(json.dumps(_summary(0.5)))
@@ -142,7 +142,7 @@ def test_the_report_of_a_sweep_under_way_makes_every_output(tmp_path):
 
 
 def test_the_robustness_table_needs_an_attack_not_plain_multiple_choice():
-    from pipeline.evaluation.report import Row, robustness_keys
+    from pipeline.studies.report import Row, robustness_keys
 
     plain = [Row("t", "before unlearning", "", "", {"forget_es": 1.0, "mc_world_forget": 1.0})]
     assert robustness_keys(plain) == []
@@ -151,7 +151,7 @@ def test_the_robustness_table_needs_an_attack_not_plain_multiple_choice():
 
 
 def test_every_registered_method_is_labelled_as_its_authors_write_it():
-    from pipeline.evaluation.report import DISPLAY_NAMES, paper_name
+    from pipeline.studies.report import DISPLAY_NAMES, paper_name
     from pipeline.training.methods import METHODS
 
     assert set(METHODS) <= set(DISPLAY_NAMES), "add the new method's name to report.DISPLAY_NAMES"

@@ -158,7 +158,7 @@ def test_a_retain_evaluation_without_mia_is_refused_before_any_work(micro_model_
 
 
 def test_report_reads_the_relearning_summaries_and_writes_the_robustness_table(tmp_path):
-    from pipeline.evaluation.report import load_rows, write_report
+    from pipeline.studies.report import load_rows, write_report
 
     metrics, relearn = tmp_path / "eval", tmp_path / "relearn"
     metrics.mkdir()

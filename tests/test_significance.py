@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pipeline.common.errors import DataError
-from pipeline.evaluation.significance import (compare, comparisons, hierarchical_bootstrap, load_cells, spread,
+from pipeline.studies.significance import (compare, comparisons, hierarchical_bootstrap, load_cells, spread,
                                               variant_pairs)
 from stages.cli import run
 
@@ -44,7 +44,7 @@ def test_a_verdict_needs_the_interval_and_every_model_seed():
 
 def test_comparisons_are_counted_for_the_family_wise_level():
     def cells(v):
-        from pipeline.evaluation.significance import COLUMNS, Cells
+        from pipeline.studies.significance import COLUMNS, Cells
         return Cells("x", {m.key: np.full((3, 2), v if m.key in ("forget_es", "model_utility") else np.nan)
                            for m in COLUMNS})
     results, level = comparisons({"ga": cells(0.5), "t_ga": cells(0.4)}, [("t_ga", "ga")], 0.95, 200, 0)
@@ -106,7 +106,7 @@ def test_report_seeds_writes_the_table_comparisons_and_learning_rates(tmp_path):
 
 
 def test_the_models_table_says_where_each_target_stopped_and_whether_it_memorised(tmp_path):
-    from pipeline.evaluation.significance import models_table
+    from pipeline.studies.significance import models_table
 
     for m, (stopped, epochs, loss, es) in enumerate([("stop_loss", 35, 0.0192, 0.991), ("cap", 60, 0.0413, 0.9)]):
         (tmp_path / f"m{m}/models/target").mkdir(parents=True)

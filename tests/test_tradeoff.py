@@ -6,9 +6,8 @@ import json
 import pytest
 
 from pipeline.common.errors import DataError
-from pipeline.evaluation.tradeoff import (LEVELS, Curve, compare_curves, curves_csv, curves_markdown, forget_es_at,
+from pipeline.studies.tradeoff import (LEVELS, Curve, compare_curves, curves_csv, curves_markdown, forget_es_at,
                                           load_curves, plot_methods)
-from pipeline.training.tuning import forget_es_at_utility
 from stages.cli import run
 
 # (model utility, forget ES) per lr 1e-4, 2e-4, 4e-4: MU falls, and forget ES with it
@@ -34,8 +33,6 @@ def test_forget_es_is_interpolated_where_the_curve_first_falls_to_a_level():
     assert forget_es_at(t, 0.86) == pytest.approx(0.50)   # on a trial
     assert forget_es_at(t, 0.87) == pytest.approx(0.575)  # 3/4 of the way from (0.90, 0.80) to (0.86, 0.50)
     assert forget_es_at(t, 0.95) is None and forget_es_at(t, 0.70) is None  # beyond the trials: not extrapolated
-    for level in (0.85, 0.84, 0.87, 0.95):  # the tuning's reading at the floor, at any level
-        assert forget_es_at(t, level) == forget_es_at_utility(t, level)
     # utility not monotone in the rate: the first crossing, as the bisection meets it
     bumpy = trials([(0.90, 0.9), (0.80, 0.5), (0.88, 0.4), (0.70, 0.1)])
     assert forget_es_at(bumpy, 0.85) == pytest.approx(0.7)
@@ -125,7 +122,7 @@ def test_report_seeds_appends_the_curves(tmp_path):
 def test_the_demos_runs_at_equal_utility_are_read_on_their_curves(tmp_path):
     """The demo's report: each run's tuning (RUN/choice.json), forget ES where its curve falls to the floor, each
     token-level run against its method's sequence-level one, and which forgets the most there."""
-    from pipeline.evaluation.tradeoff import write_equal_utility
+    from pipeline.studies.tradeoff import write_equal_utility
 
     tuning = tmp_path / "tuning"
     for name, points in {"npo": CURVE, "s_npo": [(0.90, 0.70), (0.86, 0.40), (0.80, 0.10)],

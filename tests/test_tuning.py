@@ -9,8 +9,9 @@ import pytest
 
 from pipeline.common.errors import DataError, ParamError
 from pipeline.training.engine import TrainConfig
-from pipeline.training.tuning import (BisectConfig, TuneConfig, bisect_lr, choice_table, choose,
-                                      forget_es_at_utility, plot_tradeoff, tune_group)
+from pipeline.studies.tradeoff import forget_es_at
+from pipeline.studies.tuning import (BisectConfig, TuneConfig, bisect_lr, choice_table, choose,
+                                     plot_tradeoff, tune_group)
 from stages.options import chosen_lr
 
 TRIALS = [  # lr, forget ES, MU
@@ -36,10 +37,10 @@ def test_no_trial_above_the_floor_takes_the_highest_utility():
 
 def test_forget_es_where_the_curve_crosses_a_utility():
     # between 4e-4 (MU 0.87, ES 0.40) and 8e-4 (MU 0.50, ES 0.05): at 0.685, halfway, ES 0.225
-    assert forget_es_at_utility(TRIALS, 0.685) == pytest.approx(0.225)
+    assert forget_es_at(TRIALS, 0.685) == pytest.approx(0.225)
     # the first crossing in lr order: 1e-4 -> 2e-4 falls from 0.88 to 0.86
-    assert forget_es_at_utility(TRIALS, 0.87) == pytest.approx(0.60)
-    assert forget_es_at_utility(TRIALS, 0.95) is None and forget_es_at_utility(TRIALS, 0.1) is None
+    assert forget_es_at(TRIALS, 0.87) == pytest.approx(0.60)
+    assert forget_es_at(TRIALS, 0.95) is None and forget_es_at(TRIALS, 0.1) is None
 
 
 def test_config_errors_name_the_key():

@@ -1,6 +1,6 @@
 """The metrics the tables show, each registered once: its summary key, column title, direction, the tables it is a
-column of, and the range its values lie in. The report (`report.py`: the main and robustness tables, and the
-summaries' checks) and the table over model seeds with its significance tests (`significance.py`) read their
+column of, and the range its values lie in. The report (`studies/report.py`: the main and robustness tables, and the
+summaries' checks) and the table over model seeds with its significance tests (`studies/significance.py`) read their
 columns from here; the evaluation writes the keys.
 
 A new metric is one `Metric` entry here (its key, as the evaluation writes it to the summary) plus the code that

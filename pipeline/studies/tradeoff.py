@@ -92,9 +92,9 @@ def load_curves(root: Path, model_seeds: list[int], runs: list[str],
 
 def forget_es_at(trials: list[dict], utility: float) -> float | None:
     """Forget ES where the curve (trials in lr order) first falls to `utility`, interpolated linearly in utility
-    between the two rates around it; None if it never gets there. The rule of tuning.forget_es_at_utility (its
-    `utility` the floor), here at any level: a model utility that is not monotone in the rate is read at its first
-    crossing, as the bisection would find it."""
+    between the two rates around it; None if it never gets there. Tuning reads it at the floor, the report at any
+    level: unlike a chosen trial, it does not depend on where the grid's points fall; a model utility that is not
+    monotone in the rate is read at its first crossing, as the bisection would find it."""
     trials = sorted(trials, key=lambda t: t["lr"])
     for a, b in zip(trials, trials[1:]):
         if a["model_utility"] >= utility > b["model_utility"]:

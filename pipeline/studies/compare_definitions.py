@@ -1,7 +1,7 @@
 """Every TOFU metric of a target and a retain model under open-unlearning's definitions (TokenUnlearn's default)
 and under TokenUnlearn's own options, side by side:
 
-    python -m pipeline.evaluation.compare_definitions --target artifacts/models/target \\
+    python -m pipeline.studies.compare_definitions --target artifacts/models/target \\
         --retain artifacts/models/retain [--params params.yaml] [--overlay FILE] [-S es_definition=strict] [--out DIR]
 
 Each model is evaluated once per column with the params' `evaluate` section (no multiple choice): the first column

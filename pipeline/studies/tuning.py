@@ -31,6 +31,7 @@ from pipeline.common.atomic import write_json
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.params import Rule, between, check_rules, dataclass_from_params
 from pipeline.common.plots import pyplot, save_figure
+from pipeline.studies.tradeoff import forget_es_at
 
 log = logging.getLogger(__name__)
 
@@ -160,18 +161,6 @@ def choose(trials: list[dict], utility_min: float) -> dict:
     return {**best, "meets_floor": False}
 
 
-def forget_es_at_utility(trials: list[dict], utility: float) -> float | None:
-    """Forget ES where the run's trade-off curve (trials in lr order) first falls to `utility`, interpolated
-    linearly in utility between the two learning rates around it; None if it never gets there. Unlike the chosen
-    point, this does not depend on where the grid's points happen to fall."""
-    trials = sorted(trials, key=lambda t: t["lr"])
-    for a, b in zip(trials, trials[1:]):
-        if a["model_utility"] >= utility > b["model_utility"]:
-            w = (a["model_utility"] - utility) / (a["model_utility"] - b["model_utility"])
-            return a["forget_es"] + w * (b["forget_es"] - a["forget_es"])
-    return None
-
-
 def _lr_name(lr: float) -> str:
     return f"lr{lr:.2e}"
 
@@ -239,7 +228,7 @@ def tune_group(group: str, runs: dict, cfg: TuneConfig, unlearn_one: Callable, e
                              "start lower (its train.lr, or tune.lrs)")
         if diverged:  # only then, so that a tuning with none writes the choice.json it always did
             extra["diverged"] = diverged
-        at_floor = forget_es_at_utility(trials, utility_min)
+        at_floor = forget_es_at(trials, utility_min)
         result["runs"][name] = {"chosen": chosen, "trials": trials, **extra,
                                 "forget_es_at_floor": None if at_floor is None else round(at_floor, 6)}
         log.info("tune %s: lr %.2e (forget ES %.3f, MU %.3f%s)", name, chosen["lr"], chosen["forget_es"],

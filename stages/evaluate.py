@@ -11,6 +11,7 @@ from pipeline.evaluation.eval_io import write_strict_json
 from pipeline.evaluation.config import eval_config
 from pipeline.evaluation.evaluate import evaluate_path, headline_metrics
 from pipeline.evaluation.open_unlearning import export_evaluation
+from pipeline.evaluation.registry import label
 
 from .options import params_options
 
@@ -48,11 +49,9 @@ def command(name, params: dict, model_path, out, metrics, retain_results, headli
 
 def _headline(summary: dict) -> str:
     """forget ES, model utility and log10 forget quality (mean ± std over the seeds of a run)."""
-    labels = {"forget_es": "forget ES", "model_utility": "model utility",
-              "log10_forget_quality": "log10 forget quality"}
     several = len(summary.get("seeds", [])) > 1  # one seed has no spread to show
-    parts = [f"{label} {summary[key]:.3f}" + (f" ± {summary[key + '_std']:.3f}" if several else "")
-             for key, label in labels.items() if key in summary]
+    parts = [f"{label(key)} {summary[key]:.3f}" + (f" ± {summary[key + '_std']:.3f}" if several else "")
+             for key in ("forget_es", "model_utility", "log10_forget_quality") if key in summary]
     if several:
         parts.append(f"{len(summary['seeds'])} seeds")
     return ", ".join(parts)

@@ -4,21 +4,57 @@ summary checks and the table over model seeds alike."""
 import numpy as np
 import pytest
 
-from pipeline.common.errors import DataError
-from pipeline.evaluation.metrics import (HIGHER, LMEVAL, LOWER, MAIN, MC, NEAREST, REGISTRY, ROBUSTNESS, SEEDS,
-                                         columns, family_columns, metric, value_range)
+from pipeline.common.errors import DataError, TokenUnlearnError
+from pipeline.evaluation.registry import (HEADLINE_KEYS, HIGHER, IN_EVALUATE_SUMMARY, LMEVAL, LOWER, MAIN, MC,
+                                          METRICS, MIA_ATTACKS, MONITOR, MUSE, NEAREST, REGISTRY, ROBUSTNESS, SEEDS,
+                                          TOFU_SET, check_registered, columns, family_columns, keys_of, metric, of,
+                                          unregistered, value_range)
 
 
 def test_each_metric_is_registered_once_and_its_title_says_its_direction():
-    assert len({m.key for m in REGISTRY}) == len(REGISTRY)
-    arrows = {HIGHER: "↑", LOWER: "↓", NEAREST: "(→"}
+    for scope in (METRICS.values(), of(MUSE), of(MONITOR), of(TOFU_SET)):
+        keys = [m.key for m in scope]
+        assert len(set(keys)) == len(keys)
+    arrows = {HIGHER: "↑", LOWER: "↓", NEAREST: "→"}
     for m in REGISTRY:
-        assert arrows[m.better] in m.title and not any(a in m.title for d, a in arrows.items() if d != m.better), m
+        assert arrows[m.better] in m.direction and not any(a in m.title for d, a in arrows.items() if d != m.better), m
         assert set(m.tables) <= {MAIN, ROBUSTNESS, SEEDS}, m
+        assert not m.tables or m.benchmark in IN_EVALUATE_SUMMARY, m  # the tables read `evaluate`'s summaries
     # a paired test calls a difference better or worse: only in a column with a direction
     assert all(m.better in (HIGHER, LOWER) for m in columns(SEEDS))
-    # in no table: checked in the summaries, not shown (the privleak of the attacks without a column)
-    assert [m.key for m in REGISTRY if not m.tables] == ["privleak_loss", "privleak_zlib", "privleak_min_k_plus_plus"]
+    # checked in the summaries, not shown: the privleak of the attacks without a column, among others
+    assert {"privleak_loss", "privleak_zlib", "privleak_min_k_plus_plus"} <= {
+        m.key for m in METRICS.values() if not m.tables}
+
+
+def test_what_a_metric_is_computed_from_is_registered():
+    keys = {m.key for m in REGISTRY}
+    assert all(set(m.depends_on) <= keys for m in REGISTRY), [m for m in REGISTRY if set(m.depends_on) - keys]
+    assert metric("forget_quality").depends_on == ("truth_ratio",)
+    assert metric("log10_forget_quality").depends_on == ("forget_quality",)
+
+
+def test_the_registry_is_the_list_each_evaluator_writes_from():
+    """TOFU's per-set aggregates, membership inference's attacks and the monitor's numbers are the registry's."""
+    from pipeline.evaluation.mia import MIA_ATTACKS as ATTACKS_SCORED
+    from pipeline.evaluation.monitor import METRICS as MONITORED
+    from pipeline.evaluation.tofu_metrics import SET_METRICS
+
+    assert set(SET_METRICS) <= set(keys_of(TOFU_SET))
+    assert tuple(ATTACKS_SCORED) == MIA_ATTACKS
+    assert MONITORED == keys_of(MONITOR)
+    assert HEADLINE_KEYS == ("forget_es", "retain_es", "model_utility", "log10_forget_quality", "privleak")
+
+
+def test_a_summary_key_no_metric_is_named_before_anything_is_written():
+    summary = {"model": "m", "forget_es": 0.5, "forget_es_std": 0.0, "q8_forget_em": 0.1, "mc_mmlu": 0.3,
+               "relearn_forget_forget_rouge": 0.2, "lmeval_arc_acc_stderr": 0.01, "seeds": [0], "n": 3}
+    assert unregistered(summary) == ["n"]
+    assert unregistered({"verbmem_f": 10.0, "knowmem_f": 2.0, "forget_es": 0.4}, MUSE) == ["forget_es"]
+    with pytest.raises(TokenUnlearnError, match=r"evaluating m: \['forget_rate'\] are no metric"):
+        check_registered({"forget_rate": 0.5}, "m")
+    assert metric("q8_forget_em").title == "forget EM, q8 ↓" and metric("q8_forget_em").range == (0.0, 1.0)
+    assert metric("relearn_before_mc_world_forget").better == LOWER and metric("q4_seconds") is None
 
 
 def test_columns_keep_registry_order_and_the_families():
@@ -52,9 +88,9 @@ def test_value_ranges(key, expected):
 
 def test_only_registered_keys_and_the_families_are_metrics():
     assert metric("forget_es").better == LOWER and metric("mc_world_forget").title == "forget MC, cloze ↓"
-    assert metric("mc_mmlu").title == "mmlu acc" and metric("forget_em") is None and metric("seconds") is None
+    assert metric("mc_mmlu").title == "mmlu acc" and metric("seconds") is None
     assert metric("lmeval_mmlu_acc").title == "lm-eval mmlu_acc" and metric("privleak_loss").tables == ()
-    assert metric("mia_loss_auc") is None  # of the AUCs, only Min-K%++'s is registered
+    assert metric("forget_em").tables == () and metric("mia_loss_auc").tables == ()  # checked, not shown
 
 
 def test_the_report_checks_a_registered_metrics_range(tmp_path):

@@ -46,7 +46,7 @@ from pipeline.common.runs import complete_seeds, is_run_dir
 from pipeline.data.mc_items import MCItem
 from pipeline.data.templates import get_template
 from pipeline.data.tofu import load_split
-from pipeline.evaluation import eval_io, lm_eval_tasks, open_unlearning
+from pipeline.evaluation import eval_io, lm_eval_tasks, open_unlearning, registry
 from pipeline.evaluation.config import TOFU_SETS, EvalConfig
 from pipeline.evaluation.mc_scoring import evaluate_mc
 from pipeline.evaluation.mc_sets import load_mc_sets
@@ -305,6 +305,7 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
     if cfg.quantize_spec is not None:
         _quantization_attack(model, model_path, tokenizer, template, inputs, cfg, summary)
 
+    registry.check_registered(summary, model_path)
     with atomic_dir(out_dir) as tmp:
         (tmp / "items").mkdir()
         for name, rows in records.items():
@@ -456,8 +457,8 @@ def _set_line(aggregates: dict) -> str:
 def _probe_line(probed: dict) -> str:
     """A probe's headline numbers, for the log: forget ES (of the paraphrased questions too), retain ES and each
     multiple-choice accuracy."""
-    labels = {"forget_es": "forget ES", "forget_para_es": "para ES", "retain_es": "retain ES"}
-    parts = [f"{label} {probed[key]:.3f}" for key, label in labels.items() if key in probed]
+    parts = [f"{registry.label(key)} {probed[key]:.3f}" for key in ("forget_es", "forget_para_es", "retain_es")
+             if key in probed]
     mc = [f"{key.removeprefix('mc_')} {value:.3f}" for key, value in probed.items() if key.startswith("mc_")]
     return ", ".join(parts + (["MC " + ", ".join(mc)] if mc else []))
 
@@ -501,12 +502,9 @@ def evaluate_path(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: P
     return summary
 
 
-# The numbers `dvc metrics show` lists per model: one short row each (the full summary has hundreds of keys).
-HEADLINE_KEYS = ("forget_es", "retain_es", "model_utility", "log10_forget_quality", "privleak")
-
-
 def headline_metrics(summary: dict) -> dict:
-    """The headline of an evaluation summary: HEADLINE_KEYS and each multiple-choice set's forget accuracy, where
-    evaluated (means over the seeds of a run)."""
-    keys = [*HEADLINE_KEYS, *sorted(k for k in summary if k.startswith("mc_") and k.endswith("_forget"))]
+    """The numbers `dvc metrics show` lists per model, one short row each (the full summary has hundreds of keys):
+    the registry's headline metrics and each multiple-choice set's forget accuracy, where evaluated (means over the
+    seeds of a run)."""
+    keys = [*registry.HEADLINE_KEYS, *sorted(k for k in summary if k.startswith("mc_") and k.endswith("_forget"))]
     return {k: summary[k] for k in keys if isinstance(summary.get(k), (int, float))}

@@ -23,13 +23,13 @@ from pipeline.common.errors import ParamError
 from pipeline.common.params import at_least, between, check_rules, dataclass_from_params, one_of
 from pipeline.data.templates import get_template
 from pipeline.data.tofu import load_split
+from pipeline.evaluation.registry import MONITOR, keys_of
 from pipeline.evaluation.tofu_metrics import (ES_DEFINITIONS, LOSS_DTYPES, answer_statistics, evaluate_set,
                                               harmonic_mean)
 
 log = logging.getLogger(__name__)
 
-METRICS = ("eval_forget_es", "eval_retain_es", "eval_retain_mu", "eval_retain_probability", "eval_retain_rouge",
-           "eval_retain_truth_ratio")
+METRICS = keys_of(MONITOR)  # eval_forget_es, eval_retain_es, eval_retain_mu and MU's three parts
 
 
 @dataclass(frozen=True)

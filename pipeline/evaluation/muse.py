@@ -50,7 +50,7 @@ from pipeline.common.modeling import check_vocab, load_model, load_tokenizer
 from pipeline.common.paths import is_hub_name
 from pipeline.data.muse import MuseEvalSets, QAPair, VerbmemItem, load_eval_sets
 from pipeline.data.templates import PromptTemplate
-from pipeline.evaluation import eval_io
+from pipeline.evaluation import eval_io, registry
 from pipeline.evaluation.generation import decode, greedy_answers
 from pipeline.evaluation.mia import answer_tokens, auc, item_scores
 
@@ -287,6 +287,7 @@ def evaluate_muse(model_path: str, source: str, out_dir: Path, settings: MuseSet
               "privleak_holdout": privleak_rows(sets.privleak_holdout, holdout)}
     import pyarrow.parquet as pq
 
+    registry.check_registered(summary, str(model_path), registry.MUSE)
     with atomic_dir(out_dir) as tmp:
         (tmp / "items").mkdir()
         for name, records in tables.items():

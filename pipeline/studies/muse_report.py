@@ -22,28 +22,10 @@ from pipeline.common.plots import pyplot, save_figure
 from pipeline.data.muse_requests import Request
 from pipeline.evaluation import eval_io
 from pipeline.evaluation.muse import muse_auc, privleak
+from pipeline.evaluation.registry import MUSE, of
 
 
-@dataclass(frozen=True)
-class Metric:
-    key: str        # in evaluate-muse's metrics.json
-    title: str
-    direction: str  # ↓ lower is better, ↑ higher, → 0 closest to zero
-    meaning: str
-
-
-METRICS = (
-    Metric("verbmem_f", "VerbMem", "↓", "ROUGE-L F1 (%) of the greedy continuation of forget excerpts against the "
-                                        "true one: verbatim memorisation of the forget corpus"),
-    Metric("knowmem_f", "KnowMem forget", "↓", "ROUGE-L F1 (%) of answers to questions on the forget corpus: "
-                                               "knowledge of it"),
-    Metric("knowmem_r", "KnowMem retain", "↑", "ROUGE-L F1 (%) of answers to questions on the retain corpus: "
-                                               "MUSE's utility preservation"),
-    Metric("privleak", "PrivLeak", "→ 0", "(AUC − AUC of the retain model) / AUC of the retain model · 100, AUC "
-                                          "of Min-40% separating forget from holdout texts: below 0 the forget "
-                                          "texts still look like training data, above 0 they look less so than "
-                                          "to a model that never saw them"),
-)
+METRICS = tuple(m for m in of(MUSE) if m.meaning)  # MUSE's four, its report's columns (the registry's order)
 REQUEST_KEYS = ("verbmem_f", "knowmem_f", "privleak")  # the metrics a part of the forget set has
 
 
@@ -56,8 +38,7 @@ def read_muse_summary(eval_dir: Path) -> dict:
         raise DataError(f"{eval_dir}: no evaluate-muse output (metrics.json); evaluate the model first")
     data = eval_io.read_json(file, "evaluate-muse summary")
     for m in METRICS:
-        eval_io.number(data.get(m.key), f"{file}: {m.key}", -100.0 if m.key == "privleak" else 0.0,
-                       None if m.key == "privleak" else 100.0, nullable=m.key == "privleak")
+        eval_io.number(data.get(m.key), f"{file}: {m.key}", *m.range, nullable=m.key == "privleak")
     return data
 
 
@@ -128,12 +109,12 @@ def _fmt(value) -> str:
 
 
 def directions_note() -> str:
-    return "\n".join(f"- **{m.title}** {m.direction}: {m.meaning}." for m in METRICS)
+    return "\n".join(f"- **{m.name}** {m.direction}: {m.meaning}." for m in METRICS)
 
 
 def muse_table(entries: Sequence[Entry]) -> tuple[str, str]:
     """MUSE's metrics of each model: a Markdown table (with each metric's direction) and its CSV."""
-    head = ["model", "run", *(f"{m.title} {m.direction}" for m in METRICS), "PrivLeak Min-K%++ → 0"]
+    head = ["model", "run", *(m.title for m in METRICS), "PrivLeak Min-K%++ → 0"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
@@ -202,7 +183,7 @@ def series_table(rows: Sequence[dict], scope: str, x_title: str) -> str:
     """The rows of one scope as a Markdown table, one line per (run, x)."""
     chosen = [r for r in rows if r["scope"] == scope]
     keys = [m for m in METRICS if any(r.get(m.key) is not None for r in chosen)]
-    head = ["run", x_title, *(f"{m.title} {m.direction}" for m in keys)]
+    head = ["run", x_title, *(m.title for m in keys)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join([r["label"], str(r["x"]), *(_fmt(r.get(m.key)) for m in keys)]) + " |"
               for r in chosen]
@@ -226,7 +207,7 @@ def plot_series(rows: Sequence[dict], scope: str, x_title: str, path: Path, refe
                 ax.plot(*zip(*pts), marker="o", label=label)
         if reference and reference.get(m.key) is not None:
             ax.axhline(reference[m.key], color="grey", linestyle="--", linewidth=1, label="retain model")
-        ax.set_title(f"{m.title} {m.direction}")
+        ax.set_title(m.title)
         ax.set_xlabel(x_title)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
@@ -252,7 +233,7 @@ def plot_per_request(rows: Sequence[dict], requests: Sequence[Request], path: Pa
                 pts = [(r["x"], r[m.key]) for r in rows if r["label"] == label and r["scope"] == request.name]
                 if pts:
                     ax.plot(*zip(*pts), marker="o", label=request.name)
-            ax.set_title(f"{label}: {m.title} {m.direction}", fontsize=9)
+            ax.set_title(f"{label}: {m.title}", fontsize=9)
             ax.set_xlabel(x_title)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)

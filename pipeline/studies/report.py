@@ -24,12 +24,12 @@ from pipeline.common.atomic import atomic_file
 from pipeline.common.errors import DataError
 from pipeline.common.plots import pyplot, save_figure
 from pipeline.evaluation.eval_io import number, read_json
-from pipeline.evaluation.metrics import (FAMILIES, MAIN, ROBUSTNESS, Metric, columns, family_columns, metric,
+from pipeline.evaluation.registry import (FAMILIES, MAIN, ROBUSTNESS, Metric, columns, family_columns, metric,
                                         value_range)
 
 log = logging.getLogger(__name__)
 
-# The columns (pipeline/evaluation/metrics.py): the paper's Table 1, then one per `mc_*` and one per `lmeval_*` key
+# The columns (pipeline/evaluation/registry.py): the paper's Table 1, then one per `mc_*` and one per `lmeval_*` key
 # found (the families); and whether it is forgotten or only hidden (evaluate.mia, paraphrase, quantize; the relearn
 # stages as `relearn_*`), where evaluated.
 COLUMNS = columns(MAIN)

@@ -22,10 +22,10 @@ import numpy as np
 
 from pipeline.common.errors import DataError
 from pipeline.evaluation.eval_io import read_json
-from pipeline.evaluation.metrics import SEEDS, columns
+from pipeline.evaluation.registry import SEEDS, columns
 from pipeline.studies.report import check_summary
 
-# The columns (pipeline/evaluation/metrics.py): the paper's Table 1 and the world's multiple choice, forget and retain
+# The columns (pipeline/evaluation/registry.py): the paper's Table 1 and the world's multiple choice, forget and retain
 # authors; each compared in its direction (`better`: +1 higher, −1 lower).
 COLUMNS = columns(SEEDS)
 

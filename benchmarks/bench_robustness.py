@@ -37,9 +37,9 @@ from pipeline.common.modeling import load_model, load_tokenizer  # noqa: E402
 from pipeline.common.params import load_params  # noqa: E402
 from pipeline.data.config import DataConfig  # noqa: E402
 from pipeline.data.templates import get_template  # noqa: E402
-from pipeline.evaluation.attacks import forget_probe  # noqa: E402
+from pipeline.evaluation.attacks.relearning import forget_probe  # noqa: E402
 from pipeline.evaluation.config import eval_config  # noqa: E402
-from pipeline.evaluation.evaluate import load_inputs  # noqa: E402
+from pipeline.evaluation.inputs import load_inputs  # noqa: E402
 from pipeline.evaluation.mia import membership_inference  # noqa: E402
 from pipeline.evaluation.monitor import monitor_from_params  # noqa: E402
 from pipeline.evaluation.probes import paraphrase_items, probe  # noqa: E402

@@ -12,7 +12,8 @@ import yaml
 
 from pipeline.common.errors import DataError
 from pipeline.evaluation import eval_io
-from pipeline.evaluation.evaluate import _item_table, load_retain_auc, load_retain_reference
+from pipeline.evaluation.eval_io import item_table
+from pipeline.evaluation.inputs import load_retain_auc, load_retain_reference
 from pipeline.evaluation.open_unlearning import EVAL_FILE, eval_logs, export_evaluation, write_files
 from pipeline.studies.report import LOG10_FQ_FLOOR, load_rows
 from pipeline.studies.significance import load_cells
@@ -43,7 +44,7 @@ def _write_items(directory, kind="forget", change=None):
         change(rows)
     (directory / "items").mkdir(parents=True, exist_ok=True)
     file = directory / "items" / f"{kind}.parquet"
-    pq.write_table(_item_table(rows, {"split": f"{kind}_perturbed", "questions_hash": HASH}), file)
+    pq.write_table(item_table(rows, {"split": f"{kind}_perturbed", "questions_hash": HASH}), file)
     return file
 
 
@@ -171,7 +172,7 @@ def test_truncated_retain_items_are_refused(tmp_path):
 def test_retain_items_without_a_questions_hash_are_refused(tmp_path):
     (tmp_path / "retain" / "items").mkdir(parents=True)
     file = tmp_path / "retain" / "items" / "forget.parquet"
-    pq.write_table(_item_table([_item(i, "forget") for i in range(N)], {}).replace_schema_metadata(None), file)
+    pq.write_table(item_table([_item(i, "forget") for i in range(N)], {}).replace_schema_metadata(None), file)
     _refused(lambda: load_retain_reference(tmp_path / "retain", HASH, N), file, "no questions hash")
 
 
@@ -218,10 +219,10 @@ def test_forget_quality_refuses_nan_and_floors_a_zero_p_value(monkeypatch):
 
 
 def test_only_exact_memorization_over_no_token_becomes_null():
-    from pipeline.evaluation.evaluate import _rounded
+    from pipeline.evaluation.benchmarks.tofu import rounded
 
-    assert _rounded("exact_memorization", math.nan) is None and _rounded("probability", 0.1234567) == 0.123457
-    assert math.isnan(_rounded("probability", math.nan))  # left for write_strict_json to refuse, named
+    assert rounded("exact_memorization", math.nan) is None and rounded("probability", 0.1234567) == 0.123457
+    assert math.isnan(rounded("probability", math.nan))  # left for write_strict_json to refuse, named
 
 
 def test_nothing_non_finite_is_written_as_json(tmp_path):

@@ -214,7 +214,7 @@ def test_a_retain_evaluation_without_an_attack_gives_it_no_privleak(evaluations,
     from pipeline.evaluation.evaluate import evaluate_model
 
     root, retain, other, _ = evaluations
-    with caplog.at_level(logging.WARNING, logger="pipeline.evaluation.evaluate"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.evaluation"):
         summary = evaluate_model(str(other), _cfg(micro_world_dir, attacks=["loss", "min_k", "gradnorm", "reference"]),
                                  root / "partial", root / "retain")
     assert "no membership-inference AUC of ['min_k']" in caplog.text
@@ -281,7 +281,7 @@ def test_a_reference_evaluation_is_checked_before_any_model(evaluations, micro_w
 
 
 def test_the_retain_model_must_have_run_the_same_attack(evaluations, micro_world_dir):
-    from pipeline.evaluation.evaluate import load_inputs
+    from pipeline.evaluation.inputs import load_inputs
 
     root, _, _, _ = evaluations
     with pytest.raises(DataError, match=r"mia.gradnorm.p is 2, here 1"):

@@ -160,7 +160,7 @@ def test_round_trip_forget_quality_against_its_own_export_is_one(evaluation, mic
     (tmp_path / "ou").mkdir()
     (tmp_path / "ou" / "TOFU_EVAL.json").write_text(json.dumps(logs))
     retain = tmp_path / "ou" if as_directory else tmp_path / "ou" / "TOFU_EVAL.json"
-    with caplog.at_level(logging.INFO, logger="pipeline.evaluation.evaluate"):
+    with caplog.at_level(logging.INFO, logger="pipeline.evaluation"):
         summary = evaluate_model(str(micro_model_dir), _forget_only(micro_world_dir), tmp_path / "e", retain)
     assert summary["forget_quality"] == 1.0
     assert json.loads((tmp_path / "e" / "TOFU_SUMMARY.json").read_text())["forget_quality"] == 1.0
@@ -216,7 +216,7 @@ def test_without_rouge_inputs_only_the_count_is_checked(evaluation, micro_model_
                                                         caplog):
     logs = {k: v for k, v in evaluation[2].items() if k != "forget_Q_A_ROUGE"}
     (tmp_path / "TOFU_EVAL.json").write_text(json.dumps(logs))
-    with caplog.at_level(logging.INFO, logger="pipeline.evaluation.evaluate"):
+    with caplog.at_level(logging.INFO, logger="pipeline.evaluation"):
         summary = evaluate_model(str(micro_model_dir), _forget_only(micro_world_dir), tmp_path / "e", tmp_path)
     assert summary["forget_quality"] == 1.0
     assert "checked the count only: it has no forget_Q_A_ROUGE inputs" in caplog.text
@@ -295,7 +295,8 @@ def test_open_unlearnings_privleak_takes_the_retain_auc_or_its_default():
 
 def test_a_retain_tofu_eval_json_with_min_k_alone_gives_its_privleak_and_names_the_rest(tmp_path, caplog):
     """open-unlearning's default TOFU config keeps mia_min_k alone (privleak's pre-compute): used, not refused."""
-    from pipeline.evaluation.evaluate import _summarise_mia, load_retain_auc
+    from pipeline.evaluation.attacks.mia import summarise
+    from pipeline.evaluation.inputs import load_retain_auc
     from pipeline.evaluation.mia import MIAResult
 
     (tmp_path / "TOFU_EVAL.json").write_text(json.dumps({"mia_min_k": {"agg_value": 0.6}}))
@@ -304,8 +305,7 @@ def test_a_retain_tofu_eval_json_with_min_k_alone_gives_its_privleak_and_names_t
     assert reference == {"min_k": 0.6}
     assert "no membership-inference AUC of ['loss'] for the retain model" in caplog.text
     scores = {"loss": np.array([1.0]), "min_k": np.array([2.0])}
-    summary = {}
-    _summarise_mia(MIAResult(scores, scores, {"loss": 0.7, "min_k": 0.8}), reference, False, summary)
+    summary = summarise(MIAResult(scores, scores, {"loss": 0.7, "min_k": 0.8}), reference, False)
     assert summary["mia"]["min_k"]["privleak"] == pytest.approx(-50.0) == summary["privleak"]
     assert summary["mia"]["min_k"]["retain_auc"] == 0.6 and "privleak" not in summary["mia"]["loss"]
     caplog.clear()
@@ -321,7 +321,7 @@ def test_the_export_writes_open_unlearnings_privleak(tmp_path, retain_auc, expec
     s = 0.25; against open-unlearning's default (the retain model's own evaluation: no retain_auc) and against 0.6."""
     import pyarrow.parquet as pq
 
-    from pipeline.evaluation.evaluate import _item_table
+    from pipeline.evaluation.eval_io import item_table
     from pipeline.evaluation.open_unlearning import export_evaluation
 
     from .test_eval_inputs import _item
@@ -331,7 +331,7 @@ def test_the_export_writes_open_unlearnings_privleak(tmp_path, retain_auc, expec
     forget = [{**_item(i, "forget"), "mia_min_k": 0.1 * (i + 1)} for i in range(4)]
     holdout = [{"index": i, "question": f"H{i}?", "answer": "h", "mia_min_k": v} for i, v in enumerate((0.25, 0.5))]
     for name, rows in (("forget", forget), ("holdout", holdout)):
-        pq.write_table(_item_table(rows, {}), out / "items" / f"{name}.parquet")
+        pq.write_table(item_table(rows, {}), out / "items" / f"{name}.parquet")
     entry = {"auc": 0.75, "privleak": 0.0, **({"retain_auc": retain_auc} if retain_auc is not None else {})}
     (out / "metrics.json").write_text(json.dumps({"mia": {"min_k": entry}, "privleak": 0.0}))
     export_evaluation(out, tmp_path / "ou")

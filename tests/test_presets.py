@@ -93,7 +93,7 @@ def test_params_and_its_overlays_build_every_stage_config(experiment, monkeypatc
     for name in section(params, "unlearn.runs"):
         run_configs(params, name)
     eval_config(params)
-    from pipeline.evaluation.evaluate import load_inputs
+    from pipeline.evaluation.inputs import load_inputs
     from pipeline.evaluation.monitor import monitor_from_params
     from pipeline.training.relearn import relearn_config
 

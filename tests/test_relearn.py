@@ -8,7 +8,7 @@ import torch
 
 from pipeline.common.errors import ParamError
 from pipeline.data.config import DataConfig
-from pipeline.evaluation.attacks import evaluate_attack
+from pipeline.evaluation.attacks.relearning import evaluate_attack
 from pipeline.evaluation.config import EvalConfig
 from pipeline.training.relearn import relearn_config, relearning_attack, slice_rows
 

@@ -142,7 +142,7 @@ def test_bad_robustness_params_name_the_key(micro_world_dir, tmp_path):
         _cfg(micro_world_dir, quantize={"method": "gptq"})
     with pytest.raises(ParamError, match=r"evaluate.mia: .*forget"):
         _cfg(micro_world_dir, tofu_sets=["retain"])
-    from pipeline.evaluation.evaluate import load_inputs
+    from pipeline.evaluation.inputs import load_inputs
 
     with pytest.raises(ParamError, match=r"evaluate.probe_sets: \['wmdp'\]"):
         load_inputs(_cfg(micro_world_dir, probe_sets=["forget", "wmdp"]), None)

@@ -116,3 +116,10 @@ def write_strict_json(target: Path, obj: Any, indent: int = 2) -> None:
         raise DataError(f"{target}: metric {bad[0]} is {bad[1]}, not a finite number; not written (an input or the "
                         "model's scores are not finite)")
     write_json(target, obj, indent=indent)
+
+
+def item_table(records: list[dict], meta: dict):
+    """Per-item records as an Arrow table, `meta` in its schema metadata (`tokenunlearn`: split, questions hash)."""
+    import pyarrow as pa
+
+    return pa.Table.from_pylist(records).replace_schema_metadata({b"tokenunlearn": json.dumps(meta).encode()})

@@ -19,7 +19,8 @@ from pipeline.common.modeling import load_tokenizer
 from pipeline.common.runs import complete_seeds, is_run_dir
 from pipeline.data.templates import get_template
 from pipeline.evaluation.config import EvalConfig
-from pipeline.evaluation.evaluate import EvalInputs, aggregate_seeds, load_inputs
+from pipeline.evaluation.evaluate import aggregate_seeds
+from pipeline.evaluation.inputs import EvalInputs, load_inputs
 from pipeline.evaluation.probes import probe
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ import click
 from pipeline.common.atomic import hold_outputs
 from pipeline.common.params import section
 from pipeline.data.config import DataConfig
-from pipeline.evaluation.attacks import evaluate_attack
+from pipeline.evaluation.attacks.relearning import evaluate_attack
 from pipeline.evaluation.config import eval_config
 from pipeline.training.relearn import relearn_config, relearning_attack
 

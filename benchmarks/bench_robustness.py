@@ -44,7 +44,7 @@ from pipeline.evaluation.mia import membership_inference  # noqa: E402
 from pipeline.evaluation.monitor import monitor_from_params  # noqa: E402
 from pipeline.evaluation.probes import paraphrase_items, probe  # noqa: E402
 from pipeline.evaluation.quantize import rtn_quantized  # noqa: E402
-from pipeline.evaluation.tofu_metrics import evaluate_set  # noqa: E402
+from pipeline.evaluation.tofu_sets import evaluate_set  # noqa: E402
 from pipeline.training.relearn import relearn_config, relearning_attack  # noqa: E402
 
 

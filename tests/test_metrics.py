@@ -38,7 +38,7 @@ def test_the_registry_is_the_list_each_evaluator_writes_from():
     """TOFU's per-set aggregates, membership inference's attacks and the monitor's numbers are the registry's."""
     from pipeline.evaluation.mia import MIA_ATTACKS as ATTACKS_SCORED
     from pipeline.evaluation.monitor import METRICS as MONITORED
-    from pipeline.evaluation.tofu_metrics import SET_METRICS
+    from pipeline.evaluation.tofu_sets import SET_METRICS
 
     assert set(SET_METRICS) <= set(keys_of(TOFU_SET))
     assert tuple(ATTACKS_SCORED) == MIA_ATTACKS

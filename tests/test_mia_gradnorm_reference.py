@@ -18,7 +18,8 @@ from torch import nn
 from pipeline.common.errors import DataError, ParamError
 from pipeline.data.templates import IGNORE_INDEX, EncodedSample
 from pipeline.evaluation.mia import (MIA_ATTACKS, TOKENS_HASH, SampleTokens, gradient_norms, membership_inference,
-                                     privleak, resolve_reference)
+                                     privleak)
+from pipeline.evaluation.mia_reference import resolve_reference
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -232,7 +233,7 @@ def test_a_reference_model_loaded_gives_the_cached_scores(evaluations, micro_mod
     from pipeline.evaluation.evaluate import evaluate_model
 
     root, _, other, summary = evaluations
-    with caplog.at_level(logging.INFO, logger="pipeline.evaluation.mia"):
+    with caplog.at_level(logging.INFO, logger="pipeline.evaluation.mia_reference"):
         loaded = evaluate_model(str(other), _cfg(micro_world_dir, reference=str(micro_model_dir)), root / "loaded",
                                 root / "retain")
     assert "loading the reference model" in caplog.text

@@ -8,12 +8,12 @@ import torch
 
 from pipeline.common.errors import DataError
 from pipeline.data.templates import IGNORE_INDEX, encode_qa, get_template
-from pipeline.evaluation.tofu_metrics import (ES_DEFINITIONS, SET_METRICS, SET_SPECS, answer_statistics,
-                                              evaluate_set, exact_memorization, exact_memorization_batch,
-                                              extraction_strength, extraction_strength_batch, forget_quality,
-                                              harmonic_mean, model_utility, normalised_probability, probability,
-                                              rouge_l_recall, rouge_references, rouge_scores, truth_ratio,
-                                              truth_ratio_closer_to_one, truth_ratio_true_better)
+from pipeline.evaluation.tofu_metrics import (ES_DEFINITIONS, answer_statistics, exact_memorization,
+                                              exact_memorization_batch, extraction_strength, extraction_strength_batch,
+                                              forget_quality, harmonic_mean, model_utility, normalised_probability,
+                                              probability, rouge_l_recall, rouge_references, rouge_scores,
+                                              truth_ratio, truth_ratio_closer_to_one, truth_ratio_true_better)
+from pipeline.evaluation.tofu_sets import SET_METRICS, SET_SPECS, evaluate_set
 
 LN2 = math.log(2)
 
@@ -323,7 +323,7 @@ def test_evaluate_set_on_the_micro_world(model_and_tokenizer, splits, kind):
 def test_one_forward_pass_per_answer_variant(model_and_tokenizer, splits, monkeypatch):
     """With a batch large enough for all pairs, teacher forcing is one pass per variant: answers, paraphrases,
     and every (item, perturbed) pair flattened together."""
-    import pipeline.evaluation.tofu_metrics as tm
+    import pipeline.evaluation.tofu_sets as tm
 
     model, tokenizer = model_and_tokenizer
     monkeypatch.setattr(tm, "greedy_answers", lambda m, t, tpl, qs, **kw: ["" for _ in qs])

@@ -3,7 +3,7 @@ benchmarks of `benchmarks/`, the attacks of `attacks/`), keeping per-item result
 
 Output directory of one evaluation:
     metrics.json          the summary (the paper's columns and every set's aggregates), a DVC metrics file
-    items/<set>.parquet   per TOFU item (`tofu_metrics.ITEM_COLUMNS`): question, answer, probability, truth ratio,
+    items/<set>.parquet   per TOFU item (`tofu_sets.ITEM_COLUMNS`): question, answer, probability, truth ratio,
                           ROUGE, ES, EM, the NLLs and probabilities of every answer variant, the decoded
                           prompt, ground truth and greedy answer
     TOFU_EVAL.json, TOFU_SUMMARY.json   the same evaluation in open-unlearning's layout

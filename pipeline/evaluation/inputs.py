@@ -20,7 +20,8 @@ from pipeline.data.tofu import load_split
 from pipeline.evaluation import eval_io, lm_eval_tasks, open_unlearning
 from pipeline.evaluation.config import TOFU_SETS, EvalConfig
 from pipeline.evaluation.mc_sets import load_mc_sets
-from pipeline.evaluation.mia import PRIVLEAK_ATTACK, Reference, check_retain_settings, resolve_reference
+from pipeline.evaluation.mia import PRIVLEAK_ATTACK
+from pipeline.evaluation.mia_reference import Reference, check_retain_settings, resolve_reference
 from pipeline.evaluation.probes import PROBED_SETS
 
 log = logging.getLogger(__name__)

@@ -24,8 +24,8 @@ from pipeline.common.params import at_least, between, check_rules, dataclass_fro
 from pipeline.data.templates import get_template
 from pipeline.data.tofu import load_split
 from pipeline.evaluation.registry import MONITOR, keys_of
-from pipeline.evaluation.tofu_metrics import (ES_DEFINITIONS, LOSS_DTYPES, answer_statistics, evaluate_set,
-                                              harmonic_mean)
+from pipeline.evaluation.tofu_metrics import ES_DEFINITIONS, LOSS_DTYPES, answer_statistics, harmonic_mean
+from pipeline.evaluation.tofu_sets import evaluate_set
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,8 @@ import numpy as np
 from pipeline.common.errors import DataError
 from pipeline.evaluation import eval_io
 from pipeline.evaluation.mia import PRIVLEAK_ATTACK, auc, privleak
-from pipeline.evaluation.tofu_metrics import ITEM_COLUMNS, SET_SPECS, UTILITY_SETS, model_utility, set_aggregates
+from pipeline.evaluation.tofu_metrics import UTILITY_SETS, model_utility
+from pipeline.evaluation.tofu_sets import ITEM_COLUMNS, SET_SPECS, set_aggregates
 
 log = logging.getLogger(__name__)
 

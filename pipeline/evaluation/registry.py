@@ -80,7 +80,7 @@ class Metric:
 _TR = "truth_ratio"
 # In column order: each table takes its entries in this order.
 REGISTRY: tuple[Metric, ...] = (
-    # TOFU, each set's aggregates of its items (tofu_metrics.SET_METRICS computes them)
+    # TOFU, each set's aggregates of its items (tofu_sets.SET_METRICS computes them)
     Metric("probability", "probability ↑", HIGHER, benchmark=TOFU_SET),
     Metric("truth_ratio", "truth ratio ↑", HIGHER, benchmark=TOFU_SET, range=(0.0, None)),
     Metric("rouge_l_recall", "ROUGE-L recall ↑", HIGHER, benchmark=TOFU_SET),

@@ -28,7 +28,7 @@ from pipeline.common.params import apply_override, load_params
 from pipeline.evaluation.config import EvalConfig, eval_config
 from pipeline.evaluation.evaluate import evaluate_model
 from pipeline.evaluation.open_unlearning import EVAL_FILE
-from pipeline.evaluation.tofu_metrics import set_aggregates
+from pipeline.evaluation.tofu_sets import set_aggregates
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from pipeline.evaluation import eval_io
 from pipeline.evaluation.config import EvalConfig
 from pipeline.evaluation.evaluator import Context, Evaluator, Part
 from pipeline.evaluation.inputs import questions_hash
-from pipeline.evaluation.mia import (PRIVLEAK_ATTACK, TOKENS_HASH, MIAResult, membership_inference, privleak,
-                                     reference_losses, tokens_hash)
+from pipeline.evaluation.mia import PRIVLEAK_ATTACK, TOKENS_HASH, MIAResult, membership_inference, privleak, tokens_hash
+from pipeline.evaluation.mia_reference import reference_losses
 from pipeline.evaluation.registry import MIA
 
 log = logging.getLogger(__name__)

@@ -10,11 +10,10 @@ from pipeline.evaluation import open_unlearning
 from pipeline.evaluation.config import EvalConfig
 from pipeline.evaluation.evaluator import Context, Evaluator, Part
 from pipeline.evaluation.registry import TOFU
-from pipeline.evaluation.tofu_metrics import SetResult, evaluate_set, forget_quality, model_utility, rouge_references
+from pipeline.evaluation.tofu_metrics import UTILITY_SETS, forget_quality, model_utility, rouge_references
+from pipeline.evaluation.tofu_sets import SetResult, evaluate_set
 
 log = logging.getLogger(__name__)
-
-UTILITY_SETS = ("retain", "real_authors", "world_facts")  # model utility's three sets
 
 
 class TofuSets(Evaluator):

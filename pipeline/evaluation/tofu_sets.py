@@ -1,0 +1,164 @@
+"""TOFU's sets: each set's per-item metrics from one teacher-forced and one greedy pass, and its aggregates
+(`SET_METRICS`, each a metric of `registry.py`'s `TOFU_SET`); the formulas they use are `tofu_metrics.py`'s."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from pipeline.common.errors import DataError
+from pipeline.data.templates import PromptTemplate
+from pipeline.evaluation.generation import greedy_answers
+from pipeline.evaluation.tofu_metrics import (AnswerStats, answer_statistics, normalised_probability,
+                                              rouge_references, rouge_scores, truth_ratio,
+                                              truth_ratio_closer_to_one, truth_ratio_true_better)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One TOFU perturbed set
+
+
+@dataclass(frozen=True)
+class SetSpec:
+    """How a kind of TOFU set is scored."""
+
+    correct_field: str                         # the answer in the truth ratio's denominator
+    tr_aggregate: Callable[[np.ndarray], float]
+    normalise_probability: bool                # TOFU reports p / (p + Σ p_perturbed) for these sets
+
+
+SET_SPECS: dict[str, SetSpec] = {
+    "forget": SetSpec("paraphrased_answer", truth_ratio_closer_to_one, False),
+    "retain": SetSpec("paraphrased_answer", truth_ratio_true_better, False),
+    "real_authors": SetSpec("answer", truth_ratio_true_better, True),
+    "world_facts": SetSpec("answer", truth_ratio_true_better, True),
+}
+
+
+@dataclass
+class ItemArrays:
+    """Per-item metric values of one set, in row order."""
+
+    probability: np.ndarray
+    truth_ratio: np.ndarray
+    rouge_l_recall: np.ndarray
+    extraction_strength: np.ndarray
+    exact_memorization: np.ndarray  # NaN where an answer has no token
+
+    @classmethod
+    def from_items(cls, items: Sequence[dict]) -> "ItemArrays":
+        """From the per-item records of `SetResult.items` (or the rows of items/<set>.parquet)."""
+        column = lambda key: np.array([np.nan if it[key] is None else it[key] for it in items], dtype=np.float64)
+        return cls(*(column(f) for f in ("probability", "truth_ratio", "rouge_l_recall", "extraction_strength",
+                                         "exact_memorization")))
+
+
+def _mean_of_present(values: np.ndarray) -> float:
+    """The mean over the items that have a value (open-unlearning leaves out EM's None)."""
+    present = values[~np.isnan(values)]
+    return float(np.mean(present)) if present.size else math.nan
+
+
+# Per-set aggregates: name -> function of the set's item arrays and its spec.
+SET_METRICS: dict[str, Callable[[ItemArrays, SetSpec], float]] = {
+    "probability": lambda a, spec: float(np.mean(a.probability)),
+    "truth_ratio": lambda a, spec: spec.tr_aggregate(a.truth_ratio),
+    "rouge_l_recall": lambda a, spec: float(np.mean(a.rouge_l_recall)),
+    "extraction_strength": lambda a, spec: float(np.mean(a.extraction_strength)),
+    "exact_memorization": lambda a, spec: _mean_of_present(a.exact_memorization),
+}
+
+
+def set_aggregates(items: Sequence[dict], kind: str) -> dict[str, float]:
+    """SET_METRICS over one set's per-item records."""
+    arrays, spec = ItemArrays.from_items(items), SET_SPECS[kind]
+    return {metric: fn(arrays, spec) for metric, fn in SET_METRICS.items()}
+
+
+@dataclass
+class SetResult:
+    """`probability` is TOFU's "Prob.": exp(−L(answer)) for forget/retain, normalised for the other two."""
+
+    items: list[dict]             # per row: ITEM_COLUMNS (the paraphrased ones for forget/retain only)
+    aggregates: dict[str, float]  # SET_METRICS over the items
+    truth_ratios: np.ndarray      # per row, for forget quality
+
+
+# The per-item record of a set (items/<set>.parquet holds these, and open_unlearning.py exports them).
+ITEM_COLUMNS = (
+    "index",                                         # the row's position in its split (open-unlearning's index)
+    "probability", "truth_ratio", "rouge_l_recall", "extraction_strength", "exact_memorization",
+    "answer_mean_nll", "answer_probability",         # L(answer) and exp(−L), unnormalised
+    "paraphrased_mean_nll", "paraphrased_probability",  # forget and retain only
+    "perturbed_mean_nll", "perturbed_probability",   # lists, one per perturbed answer
+    "rouge1_recall", "rouge_l_f1", "prompt", "ground_truth", "generated",
+)
+
+
+def _check_rows(rows: Sequence[dict], fields: Sequence[str], where: str) -> None:
+    if not rows:
+        raise DataError(f"{where}: no rows")
+    for i, row in enumerate(rows, start=1):
+        for field in fields:
+            value = row.get(field) if isinstance(row, dict) else None
+            if field == "perturbed_answer":
+                ok = isinstance(value, list) and value and all(isinstance(v, str) for v in value)
+            else:
+                ok = isinstance(value, str)
+            if not ok:
+                raise DataError(f"{where}: row {i}: missing or malformed field '{field}'")
+
+
+def evaluate_set(model, tokenizer, template: PromptTemplate, rows: Sequence[dict], kind: str,
+                 batch_size: int = 32, max_new_tokens: int = 64, name: str | None = None,
+                 es_definition: str = "open-unlearning", loss_dtype: str = "float32") -> SetResult:
+    """Score one TOFU perturbed set of `kind` (forget, retain, real_authors, world_facts) named `name`.
+
+    Teacher-forced passes: the answers, the paraphrased answers (forget/retain) and all perturbed answers
+    flattened into one list; then one batched greedy generation for ROUGE."""
+    if kind not in SET_SPECS:
+        raise DataError(f"evaluate_set: unknown set kind '{kind}' (choose from {sorted(SET_SPECS)})")
+    spec, where = SET_SPECS[kind], name or kind
+    _check_rows(rows, ("question", "answer", spec.correct_field, "perturbed_answer"), where)
+
+    def stats_of(questions: list[str], answers: list[str]) -> AnswerStats:
+        return answer_statistics(model, tokenizer, template, questions, answers, batch_size, es_definition,
+                                 loss_dtype)
+
+    questions, answers = [r["question"] for r in rows], [r["answer"] for r in rows]
+    stats = stats_of(questions, answers)
+    paraphrased = spec.correct_field == "paraphrased_answer"
+    correct = stats_of(questions, [r[spec.correct_field] for r in rows]) if paraphrased else stats
+    owner = [i for i, r in enumerate(rows) for _ in r["perturbed_answer"]]
+    flat = stats_of([questions[i] for i in owner], [p for r in rows for p in r["perturbed_answer"]])
+    bounds = np.cumsum([0] + [len(r["perturbed_answer"]) for r in rows])
+    spans = list(zip(bounds[:-1], bounds[1:]))
+    perturbed_nll = [flat.mean_nll[a:b] for a, b in spans]
+    perturbed_prob = [flat.probability[a:b] for a, b in spans]
+
+    prob = normalised_probability(stats.probability, perturbed_prob) if spec.normalise_probability \
+        else stats.probability
+    tr = truth_ratio(correct.mean_nll, perturbed_nll)
+    generated = greedy_answers(model, tokenizer, template, questions, max_new_tokens=max_new_tokens,
+                               batch_size=batch_size)
+    prompts, truths = rouge_references(tokenizer, template, questions, answers)
+    rouge = [rouge_scores(g, t) for g, t in zip(generated, truths)]
+
+    items = []
+    for i in range(len(rows)):
+        em = stats.exact_memorization[i]
+        item = {"index": i, "probability": float(prob[i]), "truth_ratio": float(tr[i]),
+                "rouge_l_recall": rouge[i]["rougeL_recall"], "extraction_strength": float(stats.extraction_strength[i]),
+                "exact_memorization": None if np.isnan(em) else float(em),
+                "answer_mean_nll": float(stats.mean_nll[i]), "answer_probability": float(stats.probability[i])}
+        if paraphrased:
+            item |= {"paraphrased_mean_nll": float(correct.mean_nll[i]),
+                     "paraphrased_probability": float(correct.probability[i])}
+        item |= {"perturbed_mean_nll": perturbed_nll[i].tolist(), "perturbed_probability": perturbed_prob[i].tolist(),
+                 "rouge1_recall": rouge[i]["rouge1_recall"], "rouge_l_f1": rouge[i]["rougeL_f1"],
+                 "prompt": prompts[i], "ground_truth": truths[i], "generated": generated[i]}
+        items.append(item)
+    return SetResult(items, set_aggregates(items, kind), tr)

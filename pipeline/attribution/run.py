@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator
 
@@ -20,114 +20,27 @@ import torch
 
 from pipeline import __version__
 from pipeline.attribution.alternatives import alternative_answers, encode_alternative, score_alternatives
+from pipeline.attribution.config import AttributionConfig, mask_token_id
+from pipeline.attribution.learned import fit_learned_scorer, qa_facts
 from pipeline.attribution.quality import attribution_quality
-from pipeline.attribution.shards import (ALTERNATIVES, MANIFEST, SIGNAL_COLUMNS, ShardInfo, ShardWriter,
-                                         shard_schema, write_manifest)
+from pipeline.attribution.shards import MANIFEST, ShardInfo, ShardWriter, shard_schema, write_manifest
 from pipeline.attribution.signals import (AttributionInput, add_phi, build_qa_inputs, corpus_input, scatter,
                                           score_batch)
-from pipeline.attribution.tagging import DEFAULT_UPOS, CachedTagger, make_tagger, tag_cache_file, with_upos
+from pipeline.attribution.tagging import CachedTagger, make_tagger, tag_cache_file, with_upos
 from pipeline.attribution.teacher import teacher_row
 from pipeline.attribution.variants import (CONTENT_UPOS, LearnedScorer, copied_tokens,
                                            gradient_x_input, per_noun_deltas, phrase_spans, span_ids)
 from pipeline.common.atomic import atomic_dir, write_json
 from pipeline.common.distributed import broadcast_from_main, init_distributed, is_main_process
-from pipeline.common.errors import DataError, ParamError
+from pipeline.common.errors import DataError
 from pipeline.common.modeling import check_vocab, load_model, load_tokenizer, model_hash, tokenizer_hash
-from pipeline.common.params import Rule, at_least, between, check_rules, dataclass_from_params, one_of
 from pipeline.common.paths import cache_dir
 from pipeline.common.progress import progress
 from pipeline.data.config import DataConfig
 from pipeline.data.templates import get_template
-from pipeline.data.tofu import count_duplicates, load_passages, load_split, read_json_records
+from pipeline.data.tofu import count_duplicates, load_passages, load_split
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class AttributionConfig:
-    model: str = "artifacts/models/target"
-    split: str = "forget10"
-    mode: str = "qa"                 # qa: mask the question's nouns, score the answer; corpus: passages
-    corpus: str = ""                 # corpus mode: JSON Lines with `text` (optional `fact_spans`, `forget_splits`)
-    tagger: str = "auto"             # auto | trankit | spacy
-    upos: list = field(default_factory=lambda: list(DEFAULT_UPOS))
-    mask_token: str = ""             # empty: the tokenizer's mask, else unk, else pad, else eos token
-    alpha: float = 0.7
-    batch_size: int = 16
-    chunk_size: int = 1024           # scored positions per lm-head chunk
-    rows_per_shard: int = 256
-    quality_r: list = field(default_factory=lambda: [0.2])
-    trankit_cache: str = ""          # empty: ~/.cache/tokenunlearn/trankit
-    trust_remote_code: bool = False
-    signals: list = field(default_factory=list)  # extra signals for the variants (pipeline/attribution/variants.py):
-                                                 # copy, span, per_noun, grad_x_input, learned
-    learned_split: str = "retain90"  # the learned scorer's training rows: QA a split of other authors; corpus:
-                                     # the corpus's passages not of `split`'s authors (this value is not read)
-    learned_max_samples: int = 500   # at most this many training rows (the first ones)
-    alternatives: list = field(default_factory=list)  # alternative answers to add with θ_o's log-likelihood of
-                                     # each, for IdkDPO, AltPO, IdkNLL (pipeline/attribution/alternatives.py): idk,
-                                     # perturbed (QA mode); empty: none, the shards as without them
-    alternatives_seed: int = 0       # which idk / perturbed answer each question gets (a fixed choice)
-    teacher_top_k: int = 0           # > 0: θ_o's top-k next-token log-probabilities and tail mass at each scored
-                                     # token, for UNDIAL (pipeline/attribution/teacher.py); 0: none, the shards as
-                                     # without them
-
-    @classmethod
-    def from_params(cls, params: dict, where: str = "attribution") -> "AttributionConfig":
-        cfg = dataclass_from_params(cls, params, where)
-        rules = {"mode": one_of(["qa", "corpus"]), "tagger": one_of(["auto", "trankit", "spacy"]),
-                 "alpha": between(0, 1), "batch_size": at_least(1), "chunk_size": at_least(1),
-                 "rows_per_shard": at_least(1),
-                 "upos": Rule(lambda v: bool(v) and all(isinstance(u, str) for u in v),
-                              "a non-empty list of UPOS tags"),
-                 "quality_r": Rule(lambda v: all(0 < r <= 1 for r in v), "a list of fractions in (0, 1]"),
-                 "signals": Rule(lambda v: isinstance(v, list) and set(v) <= set(SIGNAL_COLUMNS)
-                                 and len(set(v)) == len(v),
-                                 f"a list of distinct signals from {sorted(SIGNAL_COLUMNS)}"),
-                 "learned_max_samples": at_least(1), "teacher_top_k": at_least(0),
-                 "alternatives": Rule(lambda v: isinstance(v, list) and set(v) <= set(ALTERNATIVES)
-                                      and len(set(v)) == len(v),
-                                      f"a list of distinct alternatives from {list(ALTERNATIVES)}")}
-        check_rules(cfg, rules, where)
-        if cfg.mode == "corpus" and not cfg.corpus:
-            raise ParamError(f"{where}.corpus: corpus mode needs a file of passages (JSON Lines with `text`)")
-        if cfg.mode == "corpus" and cfg.alternatives:
-            raise ParamError(f"{where}.alternatives={cfg.alternatives!r}: alternative answers are answers to a "
-                             "question; corpus mode has passages and no questions (set it to [])")
-        return cfg
-
-
-def mask_token_id(tokenizer, mask_token: str) -> tuple[str, int]:
-    """The token that replaces masked nouns: the param, else the tokenizer's mask, unk, pad or eos token."""
-    if mask_token:
-        ids = tokenizer.convert_tokens_to_ids([mask_token])
-        if ids[0] is None or ids[0] == tokenizer.unk_token_id and mask_token != tokenizer.unk_token:
-            raise ParamError(f"attribution.mask_token={mask_token!r}: not a token of this tokenizer")
-        return mask_token, ids[0]
-    for name in ("mask_token", "unk_token", "pad_token", "eos_token"):
-        token = getattr(tokenizer, name, None)
-        if token is not None:
-            return token, tokenizer.convert_tokens_to_ids(token)
-    raise ParamError("attribution.mask_token: the tokenizer has no mask, unk, pad or eos token; set one")
-
-
-def _qa_annotations(source: str) -> dict[str, dict] | None:
-    """Ground-truth annotations by question, where the data has them (the embedded world's annotations.json)."""
-    path = Path(source) / "annotations.json"
-    if not path.is_file():
-        return None
-    return {a["question"]: a for a in read_json_records(path)}
-
-
-def _fact_spans(annotations: dict[str, dict]) -> dict[str, list]:
-    """Each question's answer fact spans, from its annotation."""
-    return {q: [tuple(s) for s in a["answer_fact_spans"]] for q, a in annotations.items()}
-
-
-def _qa_facts(source: str) -> dict[str, list] | None:
-    """Ground-truth fact spans by question, where the data has them."""
-    annotations = _qa_annotations(source)
-    return _fact_spans(annotations) if annotations is not None else None
 
 
 def load_records(cfg: AttributionConfig, data: DataConfig) -> tuple[list[dict], str]:
@@ -147,7 +60,7 @@ def iter_input_windows(cfg: AttributionConfig, data: DataConfig, records: list[d
     answers, `answers[i]`: kind -> text) is an error naming it, or, with `data.skip_too_long`, left out and its
     index added to `skipped`."""
     mine = list(range(rank, len(records), world_size))
-    facts = _qa_facts(data.source) if cfg.mode == "qa" else None
+    facts = qa_facts(data.source) if cfg.mode == "qa" else None
     template = get_template(data.template)
     where, what = (f"{data.source}/{cfg.split}", "row") if cfg.mode == "qa" else (cfg.corpus, "passage")
     for start in range(0, len(mine), window):
@@ -177,62 +90,6 @@ def iter_input_windows(cfg: AttributionConfig, data: DataConfig, records: list[d
                                 f"data.max_length={data.max_length} (raise max_length, or set data.skip_too_long: "
                                 "true to skip and count such rows)")
         yield kept
-
-
-def learned_training_inputs(cfg: AttributionConfig, data: DataConfig, records: list[dict], tokenizer, tagger,
-                            mask_id: int) -> list[AttributionInput]:
-    """The learned scorer's training samples, with their fact tokens: QA rows of `learned_split`, whose authors
-    must differ from those of `records` (the rows it will score), or the corpus's passages of other authors than
-    `split`'s."""
-    where = "attribution.signals: learned"
-    if cfg.mode == "qa":
-        annotations = _qa_annotations(data.source)
-        if annotations is None:
-            raise ParamError(f"{where} trains on annotated facts, and {data.source} has no annotations.json (only the "
-                             "embedded world has them): drop `learned` from attribution.signals")
-        rows = load_split(data.source, cfg.learned_split)[: cfg.learned_max_samples]
-        authors = lambda split_rows: {annotations.get(r["question"], {}).get("author")  # noqa: E731
-                                      for r in split_rows} - {None}
-        shared = authors(rows) & authors(records)
-        if shared:
-            raise ParamError(f"attribution.learned_split={cfg.learned_split!r} shares {len(shared)} author(s) with "
-                             f"split {cfg.split!r} (e.g. {sorted(shared)[0]!r}): the scorer must be trained on other "
-                             "authors than it scores")
-        inputs = build_qa_inputs(rows, tokenizer, get_template(data.template), tagger, mask_id, _fact_spans(annotations))
-    else:
-        passages = load_passages(cfg.corpus, cfg.split, forget=False)
-        if not all("forget_splits" in p for p in passages):  # without it, "other authors" cannot be told apart
-            raise ParamError(f"{where} trains on passages of other authors than split {cfg.split!r}, and "
-                             f"{cfg.corpus}'s passages do not say whose they are (no `forget_splits`): drop `learned` "
-                             "from attribution.signals")
-        passages = passages[: cfg.learned_max_samples]
-        if not all("fact_spans" in p for p in passages):
-            raise ParamError(f"{where} trains on annotated facts, and {cfg.corpus}'s passages have no `fact_spans`: "
-                             "drop `learned` from attribution.signals")
-        spans = tagger.noun_spans([p["text"] for p in passages])
-        inputs = [corpus_input(i, tokenizer, p["text"], nouns, mask_id, [tuple(f) for f in p["fact_spans"]])
-                  for i, (p, nouns) in enumerate(zip(passages, spans))]
-    return [x for x in inputs if x.fact is not None and len(x.input_ids) <= data.max_length]
-
-
-def fit_learned_scorer(cfg: AttributionConfig, data: DataConfig, records: list[dict], model, tokenizer, tagger,
-                       mask_id: int) -> tuple[LearnedScorer, dict]:
-    """Both passes over the training samples, then the logistic scorer on their fact tokens."""
-    inputs = learned_training_inputs(cfg, data, records, tokenizer, tagger, mask_id)
-    features, labels = [], []
-    for s in range(0, len(inputs), cfg.batch_size):
-        batch = inputs[s : s + cfg.batch_size]
-        signals = score_batch(model, batch, tokenizer.pad_token_id, cfg.chunk_size, return_hidden=True)
-        for x, sig in zip(batch, signals):
-            features.append(LearnedScorer.features_of(sig, x.scored))
-            labels.append(np.array(x.fact)[np.array(x.scored)])
-    y = np.concatenate(labels) if labels else np.zeros(0, dtype=bool)
-    scorer = LearnedScorer.fit(np.concatenate(features) if features else np.zeros((0, 1)), y)
-    info = {"split": cfg.learned_split if cfg.mode == "qa" else f"{cfg.corpus} (other authors)",
-            "samples": len(inputs), "tokens": int(y.size), "fact_tokens": int(y.sum())}
-    log.info("learned scorer: trained on %d samples (%d tokens, %d facts)", info["samples"], info["tokens"],
-             info["fact_tokens"])
-    return scorer, info
 
 
 class ExtraSignals:

@@ -10,8 +10,9 @@ from pipeline.common.distributed import shutdown_distributed
 from pipeline.common.errors import TokenUnlearnError, system_error
 from pipeline.common.reproducible import pin_threads
 
-from . import (attribute, check_models, code_deps, compare_attribution, corpora, diagnose, evaluate, finetune, inspect,
-               muse, muse_report, reference, relearn, report, report_seeds, sweep, tokenizer, tune, unlearn, world)
+from . import (attribute, check_models, code_deps, compare_attribution, corpora, diagnose, evaluate, finetune,
+               inspect, muse, muse_report, pipelines, reference, relearn, report, report_seeds, sweep, tokenizer,
+               tune, unlearn, world)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,14 +33,13 @@ def cli(verbose: bool, local_rank: int | None) -> None:
 for command in (*(m.command for m in (world, tokenizer, finetune, check_models, attribute, reference, inspect, unlearn,
                                      evaluate, report, report_seeds, tune, compare_attribution, relearn, sweep,
                                      diagnose, corpora)), attribute.download_command, evaluate.export_command,
-                *code_deps.commands, *muse.commands, *muse_report.commands):
+                *code_deps.commands, pipelines.command, *muse.commands, *muse_report.commands):
     cli.add_command(command)
 
 
 def _end_progress_bars() -> None:
     """Close the bars a failed stage left open, so its error starts on a line of its own."""
     from tqdm import tqdm
-
     for bar in list(getattr(tqdm, "_instances", ())):
         bar.close()
 

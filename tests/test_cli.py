@@ -11,7 +11,7 @@ from stages.cli import cli
 from .conftest import REPO, cli_env
 
 NO_PARAMS = {"download-tagger", "export-open-unlearning", "compare-attribution", "code-deps", "code-manifests",
-             "diagnose", "world-muse", "evaluate-muse", "muse-corpora"}  # no params file
+             "pipelines", "diagnose", "world-muse", "evaluate-muse", "muse-corpora"}  # no params file
 
 
 @pytest.mark.parametrize("command", sorted(cli.commands))

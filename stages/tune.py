@@ -13,10 +13,12 @@ from pipeline.common.errors import DataError, ParamError
 from pipeline.common.params import section
 from pipeline.data.config import DataConfig
 from pipeline.evaluation.config import eval_config
-from pipeline.evaluation.evaluate import evaluate_model, load_inputs
+from pipeline.evaluation.evaluate import evaluate_model
+from pipeline.evaluation.inputs import load_inputs
 from pipeline.training.engine import TrainingDiverged
 from pipeline.studies.tuning import TuneConfig, choice_table, plot_tradeoff, tune_group
-from pipeline.training.unlearn import run_configs, run_unlearn
+from pipeline.training.run_config import run_configs
+from pipeline.training.unlearn import run_unlearn
 
 from .options import params_options, reference_option, shards_option
 

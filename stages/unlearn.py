@@ -17,7 +17,9 @@ from pipeline.common.distributed import init_distributed
 from pipeline.common.params import section
 from pipeline.data.config import DataConfig
 from pipeline.evaluation.monitor import monitor_from_params
-from pipeline.training.unlearn import check_seeds, run_configs, run_unlearn_seeds
+from pipeline.training.run_config import run_configs
+from pipeline.training.seeds import check_seeds
+from pipeline.training.unlearn import run_unlearn_seeds
 
 from .options import chosen_lr, params_options, reference_option, shards_option
 

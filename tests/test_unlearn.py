@@ -11,7 +11,9 @@ from pipeline.common.errors import DataError, ParamError
 from pipeline.data.config import DataConfig
 from pipeline.training.engine import TrainConfig
 from pipeline.training.forget_stream import ForgetStream
-from pipeline.training.unlearn import METHODS, UnlearnConfig, load_retain, run_configs, run_spec, run_unlearn
+from pipeline.training.methods import METHODS
+from pipeline.training.run_config import UnlearnConfig, run_configs, run_spec
+from pipeline.training.unlearn import load_retain, run_unlearn
 
 from .conftest import ATTRIBUTION, killed_at_step, load_weights, shards_for
 
@@ -120,7 +122,7 @@ def test_every_method_module_declares_what_the_loop_needs():
 
     from pipeline.common.params import check_rules
     from pipeline.training.methods import MODULES, ForwardOut, Method
-    from pipeline.training.unlearn import RETAIN_LOSSES
+    from pipeline.training.retain_terms import RETAIN_LOSSES
 
     assert sorted(METHODS) == ["altpo", "ceu", "ga", "graddiff", "idkdpo", "idknll", "npo", "pdu", "rmu", "satimp",
                                "simnpo", "undial", "wga"]
@@ -470,7 +472,7 @@ def test_graddiff_uses_its_own_retain_term_and_says_so():
 
 
 def test_a_runs_record_depends_only_on_the_params_its_weights_use():
-    from pipeline.training.unlearn import params_used
+    from pipeline.training.run_config import params_used
 
     def used(**kw):
         return params_used(UnlearnConfig.from_params(kw, "u"))

@@ -62,4 +62,5 @@ def sequence_loss(out: ForwardOut, batch: dict, params: Params) -> torch.Tensor:
     return dpo_loss(win, lose, params.beta)
 
 
-METHOD = Method("idkdpo", None, Params, rules={"beta": positive()}, sequence_loss=sequence_loss, alternative="idk")
+METHOD = Method("idkdpo", None, Params, rules={"beta": positive()}, sequence_loss=sequence_loss,
+                inputs=("logp", "alternative_logp"), alternative="idk")

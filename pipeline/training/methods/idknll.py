@@ -30,5 +30,5 @@ def sequence_loss(out: ForwardOut, batch: dict, params: NoParams) -> torch.Tenso
     return idk_nll(out.alternative_logp, batch["alternative"]["scored"])
 
 
-METHOD = Method("idknll", None, sequence_loss=sequence_loss, needs_logp=False, alternative="idk",
+METHOD = Method("idknll", None, sequence_loss=sequence_loss, inputs=("alternative_logp",), alternative="idk",
                 token_weights=False)

@@ -74,5 +74,5 @@ def token_loss(out: ForwardOut, batch: dict, params: Params) -> torch.Tensor:
     return out.from_logits
 
 
-METHOD = Method("undial", token_loss, params=Params, rules={"beta": positive()}, needs_logp=False,
+METHOD = Method("undial", token_loss, params=Params, rules={"beta": positive()}, inputs=("from_logits",),
                 from_logits=undial_from_logits, teacher=True)

@@ -100,7 +100,8 @@ def build(variant: str, args, work: Path):
     from pipeline.attribution.reference import ReferenceCache
     from pipeline.data.templates import IGNORE_INDEX, EncodedSample
     from pipeline.training.engine import Engine, TrainConfig, prepare_model
-    from pipeline.training.forget_stream import ForgetStream, forget_batch
+    from pipeline.training.forget_batches import forget_batch
+    from pipeline.training.forget_stream import ForgetStream
     from pipeline.training.unlearn import UnlearnConfig, make_loss_fn
     from tests.synthetic import write_synthetic_shards
 

@@ -36,7 +36,8 @@ from _models import random_llama_config  # noqa: E402  (beside this script)
 from pipeline.common.distributed import init_distributed  # noqa: E402
 from pipeline.data.batching import StepSchedule  # noqa: E402
 from pipeline.training.engine import Engine, TrainConfig  # noqa: E402
-from pipeline.training.forget_stream import ForgetStream, forget_batch  # noqa: E402
+from pipeline.training.forget_batches import forget_batch  # noqa: E402
+from pipeline.training.forget_stream import ForgetStream  # noqa: E402
 from pipeline.training.losses import token_logp  # noqa: E402
 from pipeline.training.unlearn import UnlearnConfig, make_loss_fn  # noqa: E402
 from tests.synthetic import write_synthetic_shards  # noqa: E402
@@ -226,7 +227,8 @@ import json, resource, sys
 from pathlib import Path
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/benchmarks"]
 from pipeline.data.batching import StepSchedule
-from pipeline.training.forget_stream import ForgetStream, Weighting, forget_batch
+from pipeline.training.forget_batches import forget_batch
+from pipeline.training.forget_stream import ForgetStream, Weighting
 def rss_mib():
     return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize() / 2**20
 stream = ForgetStream(Path(sys.argv[2]), Weighting("soft"), window_shards=4)

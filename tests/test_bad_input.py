@@ -75,7 +75,7 @@ class Planted:
 def test_resume_never_unpickles_a_planted_checkpoint(micro_world_dir, micro_tokenizer_dir, tmp_path):
     import torch
 
-    from pipeline.training.engine import CheckpointRefused
+    from pipeline.training.checkpoints import CheckpointRefused
     from pipeline.training.finetune import job_from_params, run_finetune
 
     job = job_from_params(micro_params(micro_world_dir, micro_tokenizer_dir, checkpoint_every=1), "m")

@@ -12,7 +12,8 @@ from pipeline.attribution.signals import attribution_score
 from pipeline.attribution.weights import token_weights
 from pipeline.common.errors import DataError
 from pipeline.data.batching import StepSchedule
-from pipeline.training.forget_stream import ForgetStream, Weighting, forget_batch, write_token_weights
+from pipeline.training.forget_batches import forget_batch, write_token_weights
+from pipeline.training.forget_stream import ForgetStream, Weighting
 
 from .synthetic import write_synthetic_shards
 

@@ -8,11 +8,9 @@ periodic checkpoints with resume, and an explicit teardown (process group: `pipe
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
-import shutil
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -26,6 +24,7 @@ from pipeline.common.errors import TokenUnlearnError
 from pipeline.common.errors import ParamError
 from pipeline.common.params import at_least, between, check_rules, dataclass_from_params, one_of, positive
 from pipeline.common.progress import progress
+from pipeline.training.checkpoints import WeightsOnlyLoading, clear_checkpoints, matching_checkpoint
 from pipeline.training.lora import LoraSpec, apply_lora, is_adapter_param, is_peft
 
 log = logging.getLogger(__name__)
@@ -200,46 +199,6 @@ class TrainingDiverged(TokenUnlearnError):
     """The loss became NaN or infinite."""
 
 
-class CheckpointRefused(TokenUnlearnError):
-    """A checkpoint file holds something other than weights and plain training state."""
-
-
-def _checkpoint_globals() -> list:
-    """The only classes a DeepSpeed checkpoint may hold besides tensors and containers (found by saving ZeRO 0-3
-    checkpoints in fp32 and bf16): plain records that run no code when loaded."""
-    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-
-    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
-
-
-class WeightsOnlyLoading:
-    """DeepSpeed's checkpoint engine, except that it loads with `torch.load(weights_only=True)` and an allow-list
-    of DeepSpeed's record classes, never with the full unpickler (DeepSpeed's own default): a pickle planted in a
-    checkpoint file cannot run code on resume, it is refused."""
-
-    def __init__(self, inner):
-        self._inner = inner
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-    def load(self, path: str, map_location=None):
-        import pickle
-
-        try:
-            with torch.serialization.safe_globals(_checkpoint_globals()):
-                return torch.load(path, map_location=map_location, weights_only=True)
-        except pickle.UnpicklingError as e:
-            reason = str(e).strip().splitlines()
-            culprit = next((line.strip() for line in reason if "GLOBAL" in line or "Unsupported" in line), reason[0])
-            raise CheckpointRefused(
-                f"{path}: refused to load: it holds objects other than weights ({culprit[:200]}); it was not "
-                "written by this pipeline or was tampered with. Delete the checkpoint directory to start over"
-            ) from None
-
-
 LossFn = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict[str, float]]]
 
 
@@ -351,22 +310,6 @@ class Engine:
         self.engine.destroy()
 
 
-def fingerprint(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _matching_checkpoint(ckpt_dir: Path, run_fingerprint: str) -> bool:
-    if not (ckpt_dir / "latest").is_file():
-        log.info("no checkpoint in %s: starting from step 0", ckpt_dir)
-        return False
-    meta = ckpt_dir / "run.json"
-    if not meta.is_file() or json.loads(meta.read_text()).get("fingerprint") != run_fingerprint:
-        log.warning("the checkpoint in %s belongs to another run (other params or data): starting from step 0",
-                    ckpt_dir)
-        return False
-    return True
-
-
 def train_loop(
     engine: Engine,
     batches_for_step: Callable[[int], list[dict]],
@@ -394,7 +337,7 @@ def train_loop(
 
     cfg = engine.cfg
     start, history = 0, []
-    if resume and _matching_checkpoint(ckpt_dir, run_fingerprint):
+    if resume and matching_checkpoint(ckpt_dir, run_fingerprint):
         state = engine.load_checkpoint(ckpt_dir)
         start, history = state["step"], list(state["history"])
         log.info("resumed from %s at step %d of %d", ckpt_dir, start, engine.total_steps)
@@ -433,8 +376,3 @@ def train_loop(
             break
     bar.close()
     return history
-
-
-def clear_checkpoints(ckpt_dir: Path) -> None:
-    if is_main_process():
-        shutil.rmtree(ckpt_dir, ignore_errors=True)

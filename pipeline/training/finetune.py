@@ -20,8 +20,8 @@ from pipeline.data.batching import StepSchedule, pad_batch
 from pipeline.data.config import DataConfig
 from pipeline.data.templates import EncodedSample, encode_rows, encode_texts, get_template
 from pipeline.data.tofu import load_passages, load_split
-from pipeline.training.engine import (Engine, TrainConfig, deepspeed_config, fingerprint, prepare_model, train_loop,
-                                      zero3_loading)
+from pipeline.training.checkpoints import fingerprint
+from pipeline.training.engine import Engine, TrainConfig, deepspeed_config, prepare_model, train_loop, zero3_loading
 from pipeline.training.lora import write_trained
 from pipeline.training.losses import causal_lm_loss
 

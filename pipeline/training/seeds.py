@@ -15,7 +15,8 @@ from pathlib import Path
 from pipeline.attribution.shards import read_manifest
 from pipeline.common.errors import ParamError
 from pipeline.common.runs import COMPLETE_RECORD, SEED_RECORD, seed_dir
-from pipeline.training.engine import TrainConfig, fingerprint
+from pipeline.training.checkpoints import fingerprint
+from pipeline.training.engine import TrainConfig
 from pipeline.training.run_config import UnlearnConfig, params_used
 
 log = logging.getLogger(__name__)

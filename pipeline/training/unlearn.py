@@ -30,10 +30,11 @@ from pipeline.common.runs import COMPLETE_RECORD, SEED_RECORD, seed_dir
 from pipeline.data.batching import StepSchedule, pad_batch
 from pipeline.data.config import DataConfig, retain_samples
 from pipeline.data.templates import EncodedSample
-from pipeline.training.engine import (Engine, TrainConfig, deepspeed_config, fingerprint, prepare_model, train_loop,
-                                      zero3_loading)
+from pipeline.training.checkpoints import fingerprint
+from pipeline.training.engine import Engine, TrainConfig, deepspeed_config, prepare_model, train_loop, zero3_loading
 from pipeline.training.finetune import write_history
-from pipeline.training.forget_stream import ForgetStream, forget_batch, write_token_weights
+from pipeline.training.forget_batches import forget_batch, write_token_weights
+from pipeline.training.forget_stream import ForgetStream
 from pipeline.training.forward import inner_model
 from pipeline.training.lora import is_peft, write_trained
 from pipeline.training.losses import FORGET_REDUCTIONS, without_first_scored

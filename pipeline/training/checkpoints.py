@@ -1,0 +1,79 @@
+"""Checkpoints of a training run: its fingerprint (params and data), whether a checkpoint on disk is this run's to
+resume, DeepSpeed's checkpoint files loaded as weights only (a planted pickle is refused, never run), and their
+removal once the run's outputs are written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import torch
+
+from pipeline.common.distributed import is_main_process
+from pipeline.common.errors import TokenUnlearnError
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointRefused(TokenUnlearnError):
+    """A checkpoint file holds something other than weights and plain training state."""
+
+
+def _checkpoint_globals() -> list:
+    """The only classes a DeepSpeed checkpoint may hold besides tensors and containers (found by saving ZeRO 0-3
+    checkpoints in fp32 and bf16): plain records that run no code when loaded."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+class WeightsOnlyLoading:
+    """DeepSpeed's checkpoint engine, except that it loads with `torch.load(weights_only=True)` and an allow-list
+    of DeepSpeed's record classes, never with the full unpickler (DeepSpeed's own default): a pickle planted in a
+    checkpoint file cannot run code on resume, it is refused."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def load(self, path: str, map_location=None):
+        import pickle
+
+        try:
+            with torch.serialization.safe_globals(_checkpoint_globals()):
+                return torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as e:
+            reason = str(e).strip().splitlines()
+            culprit = next((line.strip() for line in reason if "GLOBAL" in line or "Unsupported" in line), reason[0])
+            raise CheckpointRefused(
+                f"{path}: refused to load: it holds objects other than weights ({culprit[:200]}); it was not "
+                "written by this pipeline or was tampered with. Delete the checkpoint directory to start over"
+            ) from None
+
+
+def fingerprint(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def matching_checkpoint(ckpt_dir: Path, run_fingerprint: str) -> bool:
+    if not (ckpt_dir / "latest").is_file():
+        log.info("no checkpoint in %s: starting from step 0", ckpt_dir)
+        return False
+    meta = ckpt_dir / "run.json"
+    if not meta.is_file() or json.loads(meta.read_text()).get("fingerprint") != run_fingerprint:
+        log.warning("the checkpoint in %s belongs to another run (other params or data): starting from step 0",
+                    ckpt_dir)
+        return False
+    return True
+
+
+def clear_checkpoints(ckpt_dir: Path) -> None:
+    if is_main_process():
+        shutil.rmtree(ckpt_dir, ignore_errors=True)

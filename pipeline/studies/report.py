@@ -25,7 +25,8 @@ from pipeline.common.errors import DataError
 from pipeline.common.plots import pyplot, save_figure
 from pipeline.evaluation.eval_io import number, read_json
 from pipeline.evaluation.registry import (FAMILIES, MAIN, ROBUSTNESS, Metric, columns, family_columns, metric,
-                                        value_range)
+                                          value_range)
+from pipeline.training.methods import METHODS
 
 log = logging.getLogger(__name__)
 
@@ -49,17 +50,11 @@ class Row:
     score: str = "phi"  # the attribution variant its token weights come from (uniform runs: none, "phi")
 
 
-# Each method's name as its authors write it (the registry, pipeline.training.methods.METHODS, keys them by
-# module name; tests/test_report.py checks that every registered method is here). A method missing here is shown in
-# capitals.
-DISPLAY_NAMES = {"ga": "GA", "wga": "WGA", "npo": "NPO", "rmu": "RMU", "graddiff": "GradDiff", "simnpo": "SimNPO",
-                 "satimp": "SatImp", "ceu": "CE-U", "idkdpo": "IdkDPO", "altpo": "AltPO", "idknll": "IdkNLL",
-                 "undial": "UNDIAL", "pdu": "PDU"}
-
-
 def paper_name(method: str, weighting: str) -> str:
-    """The paper's label of a run: its weighting's prefix and the method's name, e.g. T-SimNPO."""
-    return f"{WEIGHTING_PREFIX.get(weighting, weighting + '-')}{DISPLAY_NAMES.get(method, method.upper())}"
+    """The paper's label of a run: its weighting's prefix and the method's name as its authors write it (its record's
+    `title`), e.g. T-SimNPO."""
+    title = METHODS[method].title if method in METHODS else ""
+    return f"{WEIGHTING_PREFIX.get(weighting, weighting + '-')}{title or method.upper()}"
 
 
 def run_row(name: str, spec: dict, summary: dict) -> Row:

@@ -21,4 +21,4 @@ from pipeline.training.methods import idkdpo
 from pipeline.training.methods.base import Method
 
 METHOD = Method("altpo", None, idkdpo.Params, rules={"beta": positive()}, sequence_loss=idkdpo.sequence_loss,
-                inputs=("logp", "alternative_logp"), alternative="perturbed")
+                inputs=("logp", "alternative_logp"), alternative="perturbed", title="AltPO")

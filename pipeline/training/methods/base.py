@@ -85,6 +85,8 @@ class Method:
     token_weights: bool = True                       # whether ω means something for it; False (a loss on another
     #                                                answer's tokens alone, IdkNLL): only uniform weights
     own_retain: tuple[str, float] | None = None      # its own retain term and λ, as its authors define it
+    title: str = ""                                  # its name as its authors write it (SimNPO), for the tables;
+    #                                                empty: the name in capitals
     prepare: Callable[..., Prepared] | None = None   # (model, params, hidden_layer, seed) -> Prepared: RMU's
     #                                                frozen layers and control vector
     dual: Callable[..., Any] | None = None           # (params, retain_weight, steps per epoch, θ_o's retain loss

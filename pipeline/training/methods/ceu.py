@@ -33,4 +33,4 @@ def token_loss(out: ForwardOut, batch: dict, params: NoParams) -> torch.Tensor:
     return out.from_logits
 
 
-METHOD = Method("ceu", token_loss, inputs=("from_logits",), from_logits=ceu_from_logits, skip_first=1)
+METHOD = Method("ceu", token_loss, inputs=("from_logits",), from_logits=ceu_from_logits, skip_first=1, title="CE-U")

@@ -15,4 +15,4 @@ def token_loss(out: ForwardOut, batch: dict, params: NoParams) -> torch.Tensor:
     return ga_token_loss(out.logp)
 
 
-METHOD = Method("ga", token_loss)
+METHOD = Method("ga", token_loss, title="GA")

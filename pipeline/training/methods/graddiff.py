@@ -6,4 +6,4 @@ from __future__ import annotations
 from pipeline.training.methods import ga
 from pipeline.training.methods.base import Method
 
-METHOD = Method("graddiff", ga.token_loss, own_retain=("nll", 1.0))
+METHOD = Method("graddiff", ga.token_loss, own_retain=("nll", 1.0), title="GradDiff")

@@ -63,4 +63,4 @@ def sequence_loss(out: ForwardOut, batch: dict, params: Params) -> torch.Tensor:
 
 
 METHOD = Method("idkdpo", None, Params, rules={"beta": positive()}, sequence_loss=sequence_loss,
-                inputs=("logp", "alternative_logp"), alternative="idk")
+                inputs=("logp", "alternative_logp"), alternative="idk", title="IdkDPO")

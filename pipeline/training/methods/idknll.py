@@ -31,4 +31,4 @@ def sequence_loss(out: ForwardOut, batch: dict, params: NoParams) -> torch.Tenso
 
 
 METHOD = Method("idknll", None, sequence_loss=sequence_loss, inputs=("alternative_logp",), alternative="idk",
-                token_weights=False)
+                token_weights=False, title="IdkNLL")

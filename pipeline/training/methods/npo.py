@@ -41,4 +41,4 @@ def sequence_loss(out: ForwardOut, batch: dict, params: Params) -> torch.Tensor:
     return npo_sequence_loss(out.logp, batch["ref_logp"], batch["scored"], params.beta)
 
 
-METHOD = Method("npo", token_loss, Params, rules={"beta": positive()}, sequence_loss=sequence_loss)
+METHOD = Method("npo", token_loss, Params, rules={"beta": positive()}, sequence_loss=sequence_loss, title="NPO")

@@ -94,4 +94,5 @@ class Dual:
 METHOD = Method("pdu", token_loss, params=Params,
                 rules={"epsilon": at_least(0), "epsilon_kind": one_of(["absolute", "relative"]),
                        "dual_step": at_least(0), "dual_warmup_epochs": at_least(0)},
-                inputs=("from_logits",), from_logits=margin_from_logits, own_retain=("nll", 100.0), dual=Dual)
+                inputs=("from_logits",), from_logits=margin_from_logits, own_retain=("nll", 100.0), dual=Dual,
+                title="PDU")

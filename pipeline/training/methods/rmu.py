@@ -68,4 +68,4 @@ def prepare(model, params: Params, layer: int, seed: int) -> Prepared:
 
 
 METHOD = Method("rmu", token_loss, Params, rules={"rmu_steer": positive(), "rmu_update_layers": LAYER_INDICES},
-                inputs=("hidden",), prepare=prepare)
+                inputs=("hidden",), prepare=prepare, title="RMU")

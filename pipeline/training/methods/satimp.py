@@ -40,4 +40,4 @@ def token_loss(out: ForwardOut, batch: dict, params: Params) -> torch.Tensor:
     return satimp_token_loss(out.logp, params.beta1, params.beta2)
 
 
-METHOD = Method("satimp", token_loss, Params, rules={"beta1": at_least(0), "beta2": at_least(0)})
+METHOD = Method("satimp", token_loss, Params, rules={"beta1": at_least(0), "beta2": at_least(0)}, title="SatImp")

@@ -54,4 +54,4 @@ def sequence_loss(out: ForwardOut, batch: dict, params: Params) -> torch.Tensor:
 
 
 METHOD = Method("simnpo", None, Params, rules={"beta": positive(), "delta": at_least(0)},
-                sequence_loss=sequence_loss)
+                sequence_loss=sequence_loss, title="SimNPO")

@@ -75,4 +75,4 @@ def token_loss(out: ForwardOut, batch: dict, params: Params) -> torch.Tensor:
 
 
 METHOD = Method("undial", token_loss, params=Params, rules={"beta": positive()}, inputs=("from_logits",),
-                from_logits=undial_from_logits, teacher=True)
+                from_logits=undial_from_logits, teacher=True, title="UNDIAL")

@@ -24,4 +24,4 @@ def token_loss(out: ForwardOut, batch: dict, params: Params) -> torch.Tensor:
     return wga_token_loss(out.logp, params.gamma)
 
 
-METHOD = Method("wga", token_loss, Params, rules={"gamma": at_least(0)})
+METHOD = Method("wga", token_loss, Params, rules={"gamma": at_least(0)}, title="WGA")

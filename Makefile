@@ -12,8 +12,8 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export HF_HOME ?= $(CURDIR)/.cache/huggingface
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test paper tune corpus tofu heldout seeds methods ladder muse sequential diagnosis exact_kl lmeval \
-	code-deps clean-artifacts
+.PHONY: setup demo test test-fast paper tune corpus tofu heldout seeds methods ladder muse sequential diagnosis \
+	exact_kl lmeval code-deps clean-artifacts
 
 setup: $(STAMP)
 
@@ -44,6 +44,11 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests
+
+# The unit tier: every test but those marked slow (multi-process, DVC and Ray end to end, lm-eval, the CLI's
+# subprocesses); `make test` runs them all.
+test-fast: setup
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
 
 # The experiments are a DVC project of their own, experiments/ (docs/sweeps.md): their commands run there.
 EXPERIMENTS := cd experiments &&

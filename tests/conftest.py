@@ -1,7 +1,8 @@
-"""Shared fixtures: a micro world of a few authors, its tokenizer, and a tiny model config."""
+"""Shared fixtures: a micro world of a few authors, its tokenizer, a tiny model config, and torch on one thread."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from contextlib import contextmanager
@@ -18,8 +19,22 @@ TINY_MODEL = {
     "num_key_value_heads": 2, "max_position_embeddings": 128, "tie_word_embeddings": True,
 }
 MICRO_WORLD = {"n_authors": 6, "questions_per_author": 3, "seed": 7}
+LOG_HALF, LOG_QUARTER = math.log(0.5), math.log(0.25)  # the log-probabilities of the hand-computed loss cases
 
 requires_tofu = pytest.mark.skipif(not TOFU_DIR.is_dir(), reason=f"real TOFU files not found at {TOFU_DIR}")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one thread for a module's tests, its setting restored after them: the tiny model is several times
+    faster on one thread than on contended OpenMP threads. A module takes it with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
@@ -85,6 +100,11 @@ def cli_env() -> dict:
     variables that in-process runs of the engine set in this test process (its port is taken)."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
     return {**env, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONUNBUFFERED": "1"}
+
+
+def plan_entry(name: str, cmd: str = "true", after=(), cpus=1, gpus=0) -> dict:
+    """One stage of a sweep plan (pipeline.sweep.plan's entries) that runs `cmd` in its plan's directory."""
+    return {"stage": name, "name": name, "cmd": cmd, "wdir": ".", "after": list(after), "cpus": cpus, "gpus": gpus}
 
 
 def micro_params(world_dir: Path, tokenizer_dir: Path, **train) -> dict:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from tests.conftest import REPO
 
 LM_EVAL = "lm-eval[hf]==0.4.13"
 SITE = REPO / ".cache" / "lm-eval-0.4.13"

@@ -18,7 +18,7 @@ from pipeline.common.errors import DataError, ParamError
 from pipeline.data.config import DataConfig, retain_samples
 from pipeline.training.forget_stream import ForgetStream, Weighting
 
-from .synthetic import write_synthetic_shards
+from tests.synthetic import write_synthetic_shards
 
 ATTRIBUTION_META = {"tagger": "spacy", "alpha": 0.7}  # what an attribution manifest's metadata looks like
 

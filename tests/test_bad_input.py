@@ -14,7 +14,7 @@ import yaml
 from pipeline.common.errors import DataError, ParamError
 from pipeline.data.config import DataConfig
 
-from .conftest import ATTRIBUTION, TINY_MODEL, killed_at_step, load_weights, micro_params
+from tests.conftest import ATTRIBUTION, TINY_MODEL, killed_at_step, load_weights, micro_params
 
 TRAIN = {"epochs": 1, "lr": 1e-3, "micro_batch_size": 2, "warmup_ratio": 0.0, "seed": 0}
 
@@ -399,7 +399,7 @@ def test_evaluate_checks_every_input_before_loading_the_model(micro_world_dir, m
 
 
 def test_evaluation_shows_progress_on_its_long_loops(micro_model_dir, micro_tokenizer, capsys, monkeypatch):
-    """On a terminal: a bar per loop (piped, the loops log a line every 30 s instead: tests/test_progress.py)."""
+    """On a terminal: a bar per loop (piped, the loops log a line every 30 s instead: tests/common/test_progress.py)."""
     from pipeline.common.modeling import load_model
 
     monkeypatch.setattr("pipeline.common.progress._is_terminal", lambda stream: True)

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from stages.cli import cli
 
-from .conftest import REPO, cli_env
+from tests.conftest import REPO, cli_env
 
 NO_PARAMS = {"download-tagger", "export-open-unlearning", "compare-attribution", "code-deps", "code-manifests",
              "pipelines", "diagnose", "world-muse", "evaluate-muse", "muse-corpora"}  # no params file
@@ -26,6 +26,7 @@ def _run(args, cwd):
                           timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "params, message",
     [
@@ -46,8 +47,9 @@ def test_bad_params_give_one_line_errors(tmp_path, params, message):
     assert not (tmp_path / "world").exists()
 
 
+@pytest.mark.slow
 def test_missing_data_file_is_a_one_line_error(tmp_path, micro_tokenizer_dir):
-    from .conftest import micro_params
+    from tests.conftest import micro_params
 
     params = micro_params(tmp_path / "no-world", micro_tokenizer_dir)
     (tmp_path / "no-world").mkdir()
@@ -59,6 +61,7 @@ def test_missing_data_file_is_a_one_line_error(tmp_path, micro_tokenizer_dir):
     assert "Traceback" not in proc.stderr and not (tmp_path / "model").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("params, message", [
     ({"tokenizer": {"vocab_size": "2048"}}, "tokenizer.vocab_size='2048': expected int"),
     ({"tokenizer": {"min_frequency": 2}}, "tokenizer: "),  # vocab_size is required

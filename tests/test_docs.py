@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from .conftest import REPO
+from tests.conftest import REPO
 
 PAGES = [REPO / "README.md", REPO / "RESULTS.md", *sorted((REPO / "docs").glob("*.md"))]
 

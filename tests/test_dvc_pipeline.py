@@ -11,7 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from .conftest import MICRO_WORLD, REPO, TINY_MODEL, cli_env
+from tests.conftest import MICRO_WORLD, REPO, TINY_MODEL, cli_env
+
+pytestmark = pytest.mark.slow  # the demo's and the experiments' DVC pipelines end to end
 
 ENV = {"DVC_NO_ANALYTICS": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
        "GIT_COMMITTER_EMAIL": "t@t"}
@@ -74,7 +76,7 @@ def _micro(params: dict) -> dict:
     params["unlearn"]["train"].update(epochs=1, micro_batch_size=2)
     params["unlearn"]["methods"]["rmu"]["rmu_layer"] = 2
     # membership inference, relearning and the monitor end to end; the quantization and paraphrase probes are
-    # checked in tests/test_robustness_eval.py (here they would double every evaluation's time)
+    # checked in tests/evaluation/test_robustness_eval.py (here they would double every evaluation's time)
     params["evaluate"].update(max_new_tokens=16, batch_size=16, quantize=None, paraphrase=False,
                               probe_sets=["forget", "world_forget"],
                               mia={"holdout_split": "holdout10", "k": 0.4, "attacks": ["min_k", "min_k_plus_plus"]})
@@ -110,7 +112,6 @@ def _project(tmp_path, git: bool, experiments: tuple[str, ...] = ()):
     return proj
 
 
-@pytest.mark.slow
 def test_the_demo_pipeline_and_a_new_tau_with_dvc_exp_run(tmp_path):
     proj = _project(tmp_path, git=True)
     params = _micro(yaml.safe_load((proj / "params.yaml").read_text()))
@@ -198,7 +199,6 @@ def test_the_demo_pipeline_and_a_new_tau_with_dvc_exp_run(tmp_path):
     assert sorted(p.name for p in out.glob("seed*")) == ["seed2", "seed3"]  # seeds 0 and 1 are not unlearn.seeds'
 
 
-@pytest.mark.slow
 def test_the_paper_sweep_and_the_experiments_on_its_models(tmp_path):
     proj = _project(tmp_path, git=False, experiments=("paper", "corpus", "tuning"))
     configs = proj / "configs"

@@ -6,7 +6,11 @@ import json
 import subprocess
 import sys
 
-from .conftest import REPO, cli_env
+import pytest
+
+from tests.conftest import REPO, cli_env
+
+pytestmark = pytest.mark.slow  # DVC commands on the demo's and the experiments' projects
 
 # `dvc status dvc.yaml` as a user runs it, with every file it opens or lists recorded (Python's audit hooks see
 # each open, listdir and scandir, DVC's and its libraries' alike).

@@ -4,13 +4,15 @@ method; uniform, hard, soft; RMU under all three) → evaluate, each model saved
 import pytest
 import torch
 
-from .families import FAMILIES
-from .family_matrix import RUNS, run_family
+from tests.families import FAMILIES
+from tests.family_matrix import RUNS, run_family
+
+pytestmark = pytest.mark.slow  # every stage on every model family
 
 
 @pytest.fixture(scope="module")
 def world_texts(micro_world_dir):
-    from .family_matrix import world_texts_of
+    from tests.family_matrix import world_texts_of
 
     return world_texts_of(micro_world_dir)
 
@@ -21,7 +23,6 @@ def _weights(model_dir):
     return load_file(str(model_dir / "model.safetensors"))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_every_stage_runs_on_the_family(family, micro_world_dir, world_texts, tmp_path):
     from transformers import AutoModelForCausalLM
@@ -51,7 +52,6 @@ def test_every_stage_runs_on_the_family(family, micro_world_dir, world_texts, tm
     assert {"forget_es", "retain_es", "model_utility", "log10_forget_quality", "mc_world_forget"} <= set(summary)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen2", "gemma2"])  # tied embeddings (Qwen 2.5 small, Gemma)
 def test_zero3_and_bf16_on_tied_embeddings(family, micro_world_dir, world_texts, tmp_path):
     """ZeRO-3 partitions the one tensor that the embedding and the head share: one process under ZeRO-3 ends with
@@ -64,8 +64,8 @@ def test_zero3_and_bf16_on_tied_embeddings(family, micro_world_dir, world_texts,
     from pipeline.training.engine import TrainConfig
     from pipeline.training.unlearn import UnlearnConfig, run_unlearn
 
-    from .families import build_family
-    from .family_matrix import TRAIN
+    from tests.families import build_family
+    from tests.family_matrix import TRAIN
 
     model_dir = build_family(family, world_texts, tmp_path / "model")
     data = DataConfig(source=str(micro_world_dir), template=FAMILIES[family].template, max_length=256)

@@ -16,7 +16,7 @@ import pytest
 from pipeline.common.atomic import atomic_dir, atomic_file, remove_leftovers
 from pipeline.common.errors import DataError, ParamError, TokenUnlearnError
 
-from .test_bad_input import one_error_line, run_cli
+from tests.test_bad_input import one_error_line, run_cli
 
 # ---- torch's JIT build lock -----------------------------------------------------------------------------------
 

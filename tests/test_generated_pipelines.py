@@ -12,7 +12,7 @@ import yaml
 from pipeline.common.errors import DataError
 from pipeline.sweep.pipelines import KINDS, read_yaml, render_pipeline, spec_files, stale_pipelines
 
-from .conftest import REPO
+from tests.conftest import REPO
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,10 @@
 
 import importlib.metadata as md
 
+import pytest
+
+pytestmark = pytest.mark.slow  # builds a wheel and imports the pinned tools
+
 
 def test_trankit_imports_on_the_pinned_transformers():
     from pipeline.attribution.trankit_compat import import_trankit
@@ -24,7 +28,7 @@ def test_a_wheel_holds_every_library_package(tmp_path):
     import sys
     import zipfile
 
-    from .conftest import REPO
+    from tests.conftest import REPO
 
     source = tmp_path / "src"  # a copy: building in the repository would leave build/ and *.egg-info there
     for name in ("pipeline", "stages"):

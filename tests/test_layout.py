@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from tests.conftest import REPO
 
 ORDER = ["common", "data", "attribution", "training", "evaluation", "studies"]
 # What each package may import (its docstring says the same): never a package after it; evaluation reads models
@@ -115,12 +115,21 @@ def test_a_circle_through_a_lazy_import_is_found(tmp_path):
     assert import_cycles(tmp_path) == []
 
 
+def test_no_library_module_is_over_400_lines():
+    """A module that grows past a few screens does more than one job: split it by job (evaluation/benchmarks/,
+    training/run_config.py, ...)."""
+    long = {p.relative_to(REPO).as_posix(): n for p in (REPO / "pipeline").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"modules over 400 lines: {long}"
+
+
 def test_stages_are_thin():
     """Commands read params, call the library and write: no stage module holds more than a screenful or two."""
     long = {p.name: n for p in (REPO / "stages").glob("*.py") if (n := len(p.read_text().splitlines())) > 90}
     assert not long, f"stage modules over 90 lines (move the logic into pipeline/): {long}"
 
 
+@pytest.mark.slow
 def test_every_dvc_stage_lists_exactly_the_code_it_runs(monkeypatch):
     """A code change reruns every stage that runs it, and only those: each stage depends on its command's code
     manifest, and each project's `code` stage on every file of the manifests it writes (`tokenunlearn code-deps

@@ -7,7 +7,7 @@ from pipeline.attribution.run import AttributionConfig
 from pipeline.common.params import load_params, read_overlay, section
 from pipeline.data.config import DataConfig
 
-from .conftest import REPO
+from tests.conftest import REPO
 
 CONFIGS = REPO / "configs"
 

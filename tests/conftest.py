@@ -202,3 +202,18 @@ def shards_for(method: str, request) -> Path:
 
     fixture = "alternatives_dir" if METHODS[method].alternative or METHODS[method].teacher else "attribution_dir"
     return request.getfixturevalue(fixture)[0] / "shards"
+
+
+def scaled_model_copy(model_dir: Path, out: Path, factor: float = 1.5) -> Path:
+    """`model_dir`'s model with every weight multiplied by `factor`, saved to `out`: another model on the same
+    tokenizer, whose scores differ from the original's."""
+    import torch
+
+    from pipeline.common.modeling import load_model, load_tokenizer, save_model
+
+    model = load_model(str(model_dir))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(factor)
+    save_model(model, load_tokenizer(str(model_dir)), out)
+    return out

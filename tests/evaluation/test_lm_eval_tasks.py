@@ -199,12 +199,19 @@ def evaluated(micro_tokenizer, tmp_path_factory):
     return tmp / "eval", res.stderr
 
 
+def _items_of_both(out, name: str) -> tuple[list[dict], dict[int, dict]]:
+    """Set `name`'s items as the project scored them (mc/NAME.parquet) and lm-eval's samples of task local_NAME,
+    by item index."""
+    ours = pq.read_table(out / "mc" / f"{name}.parquet").to_pylist()
+    theirs = {r["doc_id"]: r for r in map(json.loads, (out / "lm_eval" / f"samples_local_{name}.jsonl").open())}
+    return ours, theirs
+
+
 @pytest.mark.slow
 def test_the_project_scorer_and_lm_eval_agree_on_the_same_items(evaluated):
     out, log_text = evaluated
     summary = json.loads((out / "metrics.json").read_text())
-    ours = pq.read_table(out / "mc" / "bio.parquet").to_pylist()
-    theirs = {r["doc_id"]: r for r in map(json.loads, (out / "lm_eval" / "samples_local_bio.jsonl").open())}
+    ours, theirs = _items_of_both(out, "bio")
     assert len(ours) == len(theirs) == 16
     correct = [float(r["correct"]) for r in ours]
     assert 0 < sum(correct) < 16 and len({r["predicted"] for r in ours}) > 1  # a test that can fail
@@ -234,8 +241,7 @@ def test_the_cloze_task_of_experiments_lmeval_and_the_project_cloze_scorer_agree
     """The project keeps cloze log-likelihoods per character of the choice (acc_norm's ranking); lm-eval keeps sums."""
     out, _ = evaluated
     summary = json.loads((out / "metrics.json").read_text())
-    ours = pq.read_table(out / "mc" / "cloze.parquet").to_pylist()
-    theirs = {r["doc_id"]: r for r in map(json.loads, (out / "lm_eval" / "samples_local_cloze.jsonl").open())}
+    ours, theirs = _items_of_both(out, "cloze")
     items = _items()
     assert len(ours) == len(theirs) == 16 and len({r["predicted"] for r in ours}) > 1
     for r in ours:

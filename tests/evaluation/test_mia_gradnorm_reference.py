@@ -161,16 +161,11 @@ def _cfg(world_dir, **mia):
 @pytest.fixture(scope="module")
 def evaluations(micro_model_dir, micro_world_dir, tmp_path_factory):
     """The retain model's evaluation (its own reference) and another model's against it (read from the cache)."""
-    from pipeline.common.modeling import load_model, load_tokenizer, save_model
     from pipeline.evaluation.evaluate import evaluate_model
+    from tests.conftest import scaled_model_copy
 
     root = tmp_path_factory.mktemp("mia_ref")
-    other = root / "other_model"
-    model = load_model(str(micro_model_dir))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(1.5)
-    save_model(model, load_tokenizer(str(micro_model_dir)), other)
+    other = scaled_model_copy(micro_model_dir, root / "other_model")
     retain = evaluate_model(str(micro_model_dir), _cfg(micro_world_dir), root / "retain", root / "retain")
     summary = evaluate_model(str(other), _cfg(micro_world_dir), root / "other", root / "retain")
     return root, retain, other, summary

@@ -6,7 +6,6 @@ import shutil
 
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 from pipeline.common.errors import DataError, ParamError
 from pipeline.evaluation.config import EvalConfig
@@ -104,15 +103,10 @@ def test_probes_score_only_the_chosen_sets(micro_model_dir, micro_world_dir, tmp
 
 def test_privleak_of_another_model_reads_the_retain_models_auc(retain_eval, micro_model_dir, micro_world_dir,
                                                                  tmp_path):
-    from pipeline.common.modeling import load_model, save_model, load_tokenizer
+    from tests.conftest import scaled_model_copy
 
     out, retain = retain_eval
-    other = tmp_path / "other"
-    model = load_model(str(micro_model_dir))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(1.5)
-    save_model(model, load_tokenizer(str(micro_model_dir)), other)
+    other = scaled_model_copy(micro_model_dir, tmp_path / "other")
     summary = evaluate_model(str(other), _cfg(micro_world_dir, quantize={}), tmp_path / "eval", out)
     for attack, entry in summary["mia"].items():
         assert entry["retain_auc"] == retain["mia"][attack]["auc"]

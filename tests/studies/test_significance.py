@@ -74,6 +74,17 @@ def write_tree(root, model_seeds, runs, unlearn_seeds, value):
                 "trials": [{}, {}, {}], "converged": True}}}))
 
 
+def run_report_seeds(root, out, samples: int) -> int:
+    """`tokenunlearn report-seeds` on the paper's params over the tree at `root`: model seeds 0-2, GA and T-GA,
+    unlearning seeds 0 and 1, `samples` bootstrap samples."""
+    from tests.conftest import REPO
+
+    return run(["report-seeds", "--params", str(REPO / "configs" / "paper.yaml"), "--overlay",
+                str(REPO / "configs" / "seeds.yaml"), "-S", "seeds.models=[0, 1, 2]", "-S", "seeds.runs=[ga, t_ga]",
+                "-S", "unlearn.seeds=[0, 1]", "-S", f"seeds.bootstrap={{samples: {samples}}}",
+                "--root", str(root), "--out", str(out)])
+
+
 def test_the_report_names_a_missing_evaluation(tmp_path):
     write_tree(tmp_path, [0], ["ga"], [0, 1], lambda m, n: {"forget_es": 0.5})
     with pytest.raises(DataError, match=r"m1/eval/target/metrics.json: no evaluation of 'target' for model seed 1"):
@@ -86,13 +97,7 @@ def test_report_seeds_writes_the_table_comparisons_and_learning_rates(tmp_path):
         return {"forget_es": es, "retain_es": 0.9, "model_utility": 0.85, "log10_forget_quality": -1.0}
     write_tree(tmp_path / "seeds", [0, 1, 2], ["ga", "t_ga"], [0, 1], value)
     out = tmp_path / "report"
-    from tests.conftest import REPO
-
-    status = run(["report-seeds", "--params", str(REPO / "configs" / "paper.yaml"), "--overlay",
-                  str(REPO / "configs" / "seeds.yaml"), "-S", "seeds.models=[0, 1, 2]", "-S", "seeds.runs=[ga, t_ga]",
-                  "-S", "unlearn.seeds=[0, 1]", "-S", "seeds.bootstrap={samples: 500}",
-                  "--root", str(tmp_path / "seeds"), "--out", str(out)])
-    assert status == 0
+    assert run_report_seeds(tmp_path / "seeds", out, samples=500) == 0
     text = (out / "results.md").read_text()
     assert "| T-GA | t_ga | 0.900 ± 0.000 / 0.000 | 0.390 ± 0.010 / 0.000 | 0.850 ± 0.000 / 0.000 |" in text
     assert "4 comparisons" in text and "| T-GA − GA |" in text

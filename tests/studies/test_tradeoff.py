@@ -8,7 +8,6 @@ import pytest
 from pipeline.common.errors import DataError
 from pipeline.studies.tradeoff import (LEVELS, Curve, compare_curves, curves_csv, curves_markdown, forget_es_at,
                                           load_curves, plot_methods)
-from stages.cli import run
 
 # (model utility, forget ES) per lr 1e-4, 2e-4, 4e-4: MU falls, and forget ES with it
 CURVE = [(0.90, 0.80), (0.86, 0.50), (0.80, 0.20)]
@@ -95,8 +94,7 @@ def test_a_figure_per_method_is_written(tmp_path):
 
 
 def test_report_seeds_appends_the_curves(tmp_path):
-    from tests.conftest import REPO
-    from tests.studies.test_significance import write_tree
+    from tests.studies.test_significance import run_report_seeds, write_tree
 
     write_tree(tmp_path / "seeds", [0, 1, 2], ["ga", "t_ga"], [0, 1],
                lambda m, n: {"forget_es": 0.5, "retain_es": 0.9, "model_utility": 0.85})
@@ -105,11 +103,7 @@ def test_report_seeds_appends_the_curves(tmp_path):
         write_choice(tmp_path / "seeds", m, "t_ga", 0.85, [(mu, es - 0.1) for mu, es in CURVE])
     (tmp_path / "seeds" / "m2" / "tuning" / "t_ga" / "choice.json").unlink()  # m2: GA's without trials, no T-GA's
     out = tmp_path / "report"
-    status = run(["report-seeds", "--params", str(REPO / "configs" / "paper.yaml"), "--overlay",
-                  str(REPO / "configs" / "seeds.yaml"), "-S", "seeds.models=[0, 1, 2]", "-S", "seeds.runs=[ga, t_ga]",
-                  "-S", "unlearn.seeds=[0, 1]", "-S", "seeds.bootstrap={samples: 200}",
-                  "--root", str(tmp_path / "seeds"), "--out", str(out)])
-    assert status == 0
+    assert run_report_seeds(tmp_path / "seeds", out, samples=200) == 0
     text = (out / "results.md").read_text()
     assert "### Trade-off curves: forget ES on each run's curve at equal utility" in text
     assert "| t_ga − ga | -0.100 (2/2) | -0.100 (2/2) | -0.100 (2/2) | -0.100 (2/2) |" in text

@@ -17,6 +17,8 @@ from .options import params_options
 
 log = logging.getLogger(__name__)
 
+HEADLINE_MUSE = ("verbmem_f", "knowmem_f", "knowmem_r", "privleak")  # a MUSE evaluation's
+
 
 @click.command("evaluate")
 @click.argument("name")
@@ -48,10 +50,12 @@ def command(name, params: dict, model_path, out, metrics, retain_results, headli
 
 
 def _headline(summary: dict) -> str:
-    """forget ES, model utility and log10 forget quality (mean ± std over the seeds of a run)."""
+    """forget ES, model utility and log10 forget quality, or MUSE's VerbMem, KnowMem and PrivLeak (mean ± std over
+    the seeds of a run)."""
     several = len(summary.get("seeds", [])) > 1  # one seed has no spread to show
     parts = [f"{label(key)} {summary[key]:.3f}" + (f" ± {summary[key + '_std']:.3f}" if several else "")
-             for key in ("forget_es", "model_utility", "log10_forget_quality") if key in summary]
+             for key in ("forget_es", "model_utility", "log10_forget_quality", *HEADLINE_MUSE)
+             if isinstance(summary.get(key), (int, float))]
     if several:
         parts.append(f"{len(summary['seeds'])} seeds")
     return ", ".join(parts)

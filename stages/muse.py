@@ -1,5 +1,5 @@
 """Stages `world-muse` (the embedded world in MUSE's layout) and `evaluate-muse` (MUSE's VerbMem, KnowMem, utility
-and PrivLeak of one model)."""
+and PrivLeak of one model: `evaluate` with MUSE's evaluator alone, its settings as options rather than params)."""
 
 import logging
 from pathlib import Path
@@ -8,9 +8,10 @@ import click
 
 from pipeline.common.atomic import hold_outputs
 from pipeline.data.muse import write_world_as_muse
+from pipeline.evaluation.config import EvalConfig
 from pipeline.evaluation.eval_io import write_strict_json
-from pipeline.evaluation.muse import (KNOWMEM_MAX_NEW_TOKENS, MIN_K, PRIVLEAK_ATTACKS, VERBMEM_MAX_NEW_TOKENS,
-                                      MuseSettings, evaluate_muse)
+from pipeline.evaluation.evaluate import evaluate_path
+from pipeline.evaluation.muse import KNOWMEM_MAX_NEW_TOKENS, MIN_K, PRIVLEAK_ATTACKS, VERBMEM_MAX_NEW_TOKENS
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +61,17 @@ def world_command(world_dir: str, forget_split: str, n_icl: int, out: str) -> No
               help="Prompts per generation batch (left-padded) and texts per scoring batch.")
 def command(name, model_path, tokenizer_path, source, out, metrics, retain_results, retain_auc, verbmem_max_new_tokens,
             knowmem_max_new_tokens, k, attack, stem, batch_size) -> None:
-    """Evaluate model NAME on MUSE; writes OUT/metrics.json and per-item OUT/items/*.parquet."""
-    settings = MuseSettings(verbmem_max_new_tokens, knowmem_max_new_tokens, k, attack, stem, batch_size)
+    """Evaluate model NAME (or each seed of run NAME) on MUSE; writes OUT/metrics.json and per-item
+    OUT/items/*.parquet. The same as `tokenunlearn evaluate NAME` with `evaluate.muse` set and the TOFU sets off."""
+    muse = {"source": source, "verbmem_max_new_tokens": verbmem_max_new_tokens,
+            "knowmem_max_new_tokens": knowmem_max_new_tokens, "k": k, "attack": attack, "stem": stem,
+            "batch_size": batch_size, "retain_auc": retain_auc}
+    cfg = EvalConfig.from_params({"tofu_sets": [], "multiple_choice": {}, "muse": muse, "tokenizer": tokenizer_path},
+                                 "evaluate-muse")
     out_dir = Path(out or f"artifacts/eval_muse/{name}")
     with hold_outputs(out_dir):
-        summary = evaluate_muse(model_path, source, out_dir, settings,
-                                Path(retain_results) if retain_results else None, retain_auc, tokenizer_path)
+        summary = evaluate_path(model_path, cfg, out_dir, Path(retain_results) if retain_results else None,
+                                name=name)
         if metrics:
             write_strict_json(Path(metrics), summary)
     log.info("evaluate-muse %s: wrote %s", name, out_dir)

@@ -1,5 +1,5 @@
-"""Stages `muse-report` (MUSE's table of the target, the retain model and each run) and `muse-series` (MUSE's
-metrics over sequential requests and forget-set sizes), from evaluate-muse outputs."""
+"""MUSE's table of the target, the retain model and each run (`report --benchmark muse`, also named `muse-report`)
+and stage `muse-series` (MUSE's metrics over sequential requests and forget-set sizes), from MUSE evaluations."""
 
 import logging
 from pathlib import Path
@@ -23,22 +23,27 @@ def _label(params: dict, run: str) -> str:
     return paper_name(spec["method"], spec["weighting"])
 
 
+def write_muse_table(params: dict, eval_dir: Path, out: Path) -> None:
+    """MUSE's table of the target, the retain model and each run of `report.table`, from their evaluations in
+    `eval_dir` (NAME/metrics.json): OUT/results.md, results.csv."""
+    entries = [Entry("target", "before unlearning", read_muse_summary(eval_dir / "target")),
+               Entry("retain", "retain model", read_muse_summary(eval_dir / "retain"))]
+    entries += [Entry(run, _label(params, run), read_muse_summary(eval_dir / run))
+                for run in section(params, "report.table")]
+    with hold_outputs(out):
+        table = write_muse_report(entries, out, "MUSE on the embedded world")
+    log.info("report (MUSE): wrote %s\n%s", out, table)
+
+
 @click.command("muse-report")
 @params_options
 @click.option("--eval-dir", default="artifacts/muse/eval", show_default=True, type=click.Path(file_okay=False),
-              help="The evaluate-muse outputs: target/, retain/ and one per run of report.table.")
+              help="The MUSE evaluations: target/, retain/ and one per run of report.table.")
 @click.option("--out", default="artifacts/muse/report", show_default=True, type=click.Path(file_okay=False))
 def report_command(params: dict, eval_dir, out) -> None:
-    """MUSE's table (VerbMem, KnowMem forget and retain, PrivLeak) of the target, the retain model and each run of
-    `report.table`: OUT/results.md, results.csv."""
-    root = Path(eval_dir)
-    entries = [Entry("target", "before unlearning", read_muse_summary(root / "target")),
-               Entry("retain", "retain model", read_muse_summary(root / "retain"))]
-    entries += [Entry(run, _label(params, run), read_muse_summary(root / run))
-                for run in section(params, "report.table")]
-    with hold_outputs(out):
-        table = write_muse_report(entries, Path(out), "MUSE on the embedded world")
-    log.info("muse-report: wrote %s\n%s", out, table)
+    """`tokenunlearn report --benchmark muse`: MUSE's table (VerbMem, KnowMem forget and retain, PrivLeak) of the
+    target, the retain model and each run of `report.table`: OUT/results.md, results.csv."""
+    write_muse_table(params, Path(eval_dir), Path(out))
 
 
 @click.command("muse-series")

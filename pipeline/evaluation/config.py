@@ -15,6 +15,7 @@ from pipeline.common.params import (at_least, between, check_rules, dataclass_fr
 from pipeline.evaluation import lm_eval_tasks
 from pipeline.evaluation.mc_sets import check_mc_spec
 from pipeline.evaluation.mia import DEFAULT_ATTACKS, GRADNORM_ORDERS, MIA_ATTACKS
+from pipeline.evaluation.muse import KNOWMEM_MAX_NEW_TOKENS, MIN_K, VERBMEM_MAX_NEW_TOKENS, MuseSettings
 from pipeline.evaluation.quantize import BITS, QUANT_METHODS
 from pipeline.evaluation.tofu_metrics import ES_DEFINITIONS, LOSS_DTYPES
 
@@ -46,6 +47,9 @@ class EvalConfig:
                                                     # names (world_forget, ...); []: forget, retain and every MC set
     lm_eval: dict = field(default_factory=dict)    # lm-eval's own tasks: {tasks, num_fewshot, limit, batch_size,
                                                    # include_path} (lm_eval_tasks.LMEvalSpec); needs the lmeval extra
+    muse: dict = field(default_factory=dict)       # MUSE's benchmark instead of TOFU's: {source, ...} (MuseSpec)
+    tokenizer: str | None = None       # where the model has none (MUSE's models: meta-llama/Llama-2-7b-hf's); null:
+                                       # the model's
 
     @classmethod
     def from_params(cls, values: dict, where: str = "evaluate", origins: dict[str, str] | None = None) -> "EvalConfig":
@@ -69,6 +73,16 @@ class EvalConfig:
             QuantizeSpec.from_params(cfg.quantize, f"{where}.quantize")
         if cfg.lm_eval:
             lm_eval_tasks.LMEvalSpec.from_params(cfg.lm_eval, f"{where}.lm_eval")
+        if cfg.muse:
+            MuseSpec.from_params(cfg.muse, f"{where}.muse")
+            # MUSE's summary is its own (its privleak is not membership inference's on TOFU's forget set)
+            also = [name for name, on in (("tofu_sets", cfg.tofu_sets), ("multiple_choice", cfg.multiple_choice),
+                                          ("mia", cfg.mia), ("paraphrase", cfg.paraphrase),
+                                          ("quantize", cfg.quantize), ("lm_eval", cfg.lm_eval)) if on]
+            if also:
+                raise ParamError(f"{where}.muse: MUSE is evaluated on its own, and {where}.{also[0]} is on too: "
+                                 f"switch off {', '.join(f'{where}.{a}' for a in also)} (tofu_sets: [], the others "
+                                 "null), or evaluate MUSE in an evaluation of its own (`tokenunlearn evaluate-muse`)")
         return cfg
 
     @property
@@ -82,6 +96,10 @@ class EvalConfig:
     @property
     def lm_eval_spec(self) -> "lm_eval_tasks.LMEvalSpec | None":
         return lm_eval_tasks.LMEvalSpec.from_params(self.lm_eval) if self.lm_eval else None
+
+    @property
+    def muse_spec(self) -> "MuseSpec | None":
+        return MuseSpec.from_params(self.muse, "evaluate.muse") if self.muse else None
 
 
 @dataclass(frozen=True)
@@ -135,6 +153,36 @@ class QuantizeSpec:
         if not spec.bits or not all(isinstance(b, int) and not isinstance(b, bool) and b in BITS for b in spec.bits):
             raise ParamError(f"{where}.bits={spec.bits!r}: a non-empty list of bit widths of {list(BITS)}, e.g. [8, 4]")
         return spec
+
+
+@dataclass(frozen=True)
+class MuseSpec:
+    """MUSE's benchmark (muse.py): where its sets are and what changes its numbers; the defaults are MUSE's."""
+
+    source: str = "muse-bench/MUSE-News"  # a hub dataset (muse-bench/MUSE-News, -Books) or a local copy in its layout
+    verbmem_max_new_tokens: int = VERBMEM_MAX_NEW_TOKENS
+    knowmem_max_new_tokens: int = KNOWMEM_MAX_NEW_TOKENS
+    k: float = MIN_K                   # Min-K%'s fraction of tokens
+    attack: str = "min_k"              # the membership attack PrivLeak reads (MUSE: Min-K% Prob)
+    stem: bool = False                 # stem words in ROUGE (open-unlearning does; MUSE does not)
+    batch_size: int = 8                # prompts per generation batch, texts per scoring batch
+    retain_auc: float | None = None    # the retain model's published AUC, where its evaluation is not at hand (MUSE's
+                                       # retrained models, Min-40%: News 0.4772, Books 0.5393)
+
+    @classmethod
+    def from_params(cls, values: dict, where: str) -> "MuseSpec":
+        spec = dataclass_from_params(cls, values, where)
+        try:
+            spec.settings()
+        except ParamError as e:
+            raise ParamError(f"{where}.{e}") from None
+        if spec.retain_auc is not None and not 0 <= spec.retain_auc <= 1:
+            raise ParamError(f"{where}.retain_auc={spec.retain_auc}: an AUC is between 0 and 1")
+        return spec
+
+    def settings(self) -> MuseSettings:
+        return MuseSettings(self.verbmem_max_new_tokens, self.knowmem_max_new_tokens, self.k, self.attack, self.stem,
+                            self.batch_size)
 
 
 def eval_config(params: dict) -> EvalConfig:

@@ -14,6 +14,9 @@ Output directory of one evaluation:
     lm_eval/              with `evaluate.lm_eval`: lm-eval's results.json and samples_<task>.jsonl; the summary
                           has `lmeval_<task>_<metric>` keys (lm_eval_tasks.py)
 
+With `evaluate.muse`, MUSE's benchmark alone (benchmarks/muse.py): metrics.json is MUSE's summary, and items/ holds
+verbmem, knowmem_forget, knowmem_retain, privleak_forget and privleak_holdout.
+
 An unlearning run's directory holds one model per training seed (`seed{S}/model`): each is evaluated into
 `seed{S}/`, and the summary holds every seed's and the mean and standard deviation (ddof 1) of each number.
 
@@ -46,6 +49,7 @@ from pipeline.evaluation.attacks.paraphrase import Paraphrase
 from pipeline.evaluation.attacks.quantization import Quantization
 from pipeline.evaluation.benchmarks.lm_eval import LMEval
 from pipeline.evaluation.benchmarks.multiple_choice import MultipleChoice
+from pipeline.evaluation.benchmarks.muse import Muse
 from pipeline.evaluation.benchmarks.tofu import TofuSets
 from pipeline.evaluation.config import EvalConfig
 from pipeline.evaluation.evaluator import Context, Evaluator, merge
@@ -55,7 +59,7 @@ log = logging.getLogger(__name__)
 
 # The evaluators, in the order they run and their keys appear in the summary; each runs where the params ask for it.
 EVALUATORS: tuple[type[Evaluator], ...] = (TofuSets, Paraphrase, MembershipInference, MultipleChoice, LMEval,
-                                           Quantization)
+                                           Quantization, Muse)
 
 
 # ---- one model ----------------------------------------------------------------------------------------------
@@ -78,24 +82,26 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
     if not Path(model_path).exists() and not is_hub_name(model_path):
         raise DataError(f"model '{model_path}': no such directory; produce it first (e.g. `dvc repro` for the "
                         "pipeline's models, or `tokenunlearn unlearn NAME`)")
-    ctx = Context(cfg, inputs, model_path, load_tokenizer(model_path, cfg.trust_remote_code), get_template(cfg.template),
-                  own_retain, retain_dir is not None, device,
+    ctx = Context(cfg, inputs, model_path, load_tokenizer(cfg.tokenizer or model_path, cfg.trust_remote_code),
+                  get_template(cfg.template), own_retain, retain_dir is not None, device,
                   torch.bfloat16 if device.type == "cuda" else torch.float32)
     evaluators = [e for e in (kind() for kind in EVALUATORS) if e.enabled(cfg)]
     for evaluator in evaluators:
         evaluator.prepare(ctx)  # before the model loads: a bad input fails in seconds
     model = load_model(model_path, dtype=ctx.dtype, trust_remote_code=cfg.trust_remote_code).to(device).eval()
     check_vocab(model, ctx.tokenizer, model_path)
-    summary: dict = {"model": str(model_path), "source": cfg.source, "forget_split": cfg.forget_split,
-                     # the settings that change the TOFU metrics' values
-                     "definitions": {"es_definition": cfg.es_definition, "loss_dtype": cfg.loss_dtype,
-                                     "max_new_tokens": cfg.max_new_tokens}}
+    summary: dict = {"model": str(model_path)}
+    if not cfg.muse:  # MUSE's evaluation names its own source and definitions
+        summary.update({"source": cfg.source, "forget_split": cfg.forget_split,
+                        # the settings that change the TOFU metrics' values
+                        "definitions": {"es_definition": cfg.es_definition, "loss_dtype": cfg.loss_dtype,
+                                        "max_new_tokens": cfg.max_new_tokens}})
     files = {}
     for evaluator in evaluators:
         part = evaluator.run(model, ctx)
         merge(summary, part.summary)
         files.update(part.files)
-    registry.check_registered(summary, model_path)
+    registry.check_registered(summary, model_path, registry.MUSE if cfg.muse else None)
     ou_logs = open_unlearning.eval_logs(ctx.items, ctx.found.get("forget_quality"), ctx.found.get("mia")) \
         if ctx.items else None
 

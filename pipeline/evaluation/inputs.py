@@ -21,6 +21,7 @@ from pipeline.evaluation import eval_io, lm_eval_tasks, open_unlearning
 from pipeline.evaluation.config import TOFU_SETS, EvalConfig
 from pipeline.evaluation.mc_sets import load_mc_sets
 from pipeline.evaluation.mia import PRIVLEAK_ATTACK
+from pipeline.evaluation.muse import MuseInputs, load_muse_inputs
 from pipeline.evaluation.mia_reference import Reference, check_retain_settings, resolve_reference
 from pipeline.evaluation.probes import PROBED_SETS
 
@@ -103,11 +104,12 @@ class EvalInputs:
     holdout: tuple[str, list[dict]] | None = None   # membership inference's holdout split and rows
     retain_auc: dict[str, float] | None = None      # the retain model's AUC per attack, for privleak
     reference: Reference | None = None              # the reference attack's reference model and its losses
+    muse: MuseInputs | None = None                  # MUSE's sets and the retain model's AUCs (evaluate.muse)
 
 
 def load_inputs(cfg: EvalConfig, retain_dir: Path | None, own_retain: bool = False) -> EvalInputs:
     """The TOFU sets' rows, the multiple-choice items and the retain model's forget truth ratios (unless this is
-    the retain model's own evaluation, or `retain_dir` is None)."""
+    the retain model's own evaluation, or `retain_dir` is None); MUSE's sets and the retain model's AUCs."""
     tofu, hashes = {}, {}
     for name in cfg.tofu_sets:
         split = TOFU_SETS[name].format(forget=cfg.forget_split)
@@ -115,7 +117,7 @@ def load_inputs(cfg: EvalConfig, retain_dir: Path | None, own_retain: bool = Fal
         tofu[name], hashes[name] = (split, rows), questions_hash(rows)
     mc = load_mc_sets(cfg.multiple_choice, cfg.forget_split, cfg.seed)
     unknown = [s for s in cfg.probe_sets if s not in (*PROBED_SETS, *mc)]
-    if unknown:
+    if unknown and not cfg.muse:  # MUSE's evaluation runs no probes
         raise ParamError(f"evaluate.probe_sets: {unknown} are neither forget, retain nor a multiple-choice set of "
                          f"evaluate.multiple_choice (have {sorted(mc)})")
     if cfg.lm_eval_spec is not None:
@@ -135,6 +137,9 @@ def load_inputs(cfg: EvalConfig, retain_dir: Path | None, own_retain: bool = Fal
     if retain_auc is not None:
         check_retain_settings(Path(retain_dir), cfg.mia_spec.settings(
             inputs.reference.model if inputs.reference is not None else None))
+    if cfg.muse_spec is not None:
+        spec = cfg.muse_spec
+        inputs.muse = load_muse_inputs(spec.source, spec.settings(), retain_dir, own_retain, spec.retain_auc)
     return inputs
 
 

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 WHERE = "evaluate.lm_eval"
 EXTRA = "lmeval"                 # pyproject's [project.optional-dependencies] entry
-TESTED_VERSION = "0.4.13"        # what the extra pins and tests/test_lm_eval_tasks.py checks against
+TESTED_VERSION = "0.4.13"        # what the extra pins and tests/evaluation/test_lm_eval_tasks.py checks against
 PREFIX = "lmeval_"               # the summary's keys (and the report's columns)
 
 

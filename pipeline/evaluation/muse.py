@@ -34,23 +34,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import torch
 
-from pipeline.common.atomic import atomic_dir
-from pipeline.common.timing import write_seconds
 from pipeline.common.errors import DataError, ParamError
-from pipeline.common.modeling import check_vocab, load_model, load_tokenizer
-from pipeline.common.paths import is_hub_name
 from pipeline.data.muse import MuseEvalSets, QAPair, VerbmemItem, load_eval_sets
 from pipeline.data.templates import PromptTemplate
-from pipeline.evaluation import eval_io, registry
+from pipeline.evaluation import eval_io
 from pipeline.evaluation.generation import decode, greedy_answers
 from pipeline.evaluation.mia import answer_tokens, auc, item_scores
 
@@ -206,45 +200,42 @@ def load_retain_auc(retain: Path, privleak_data: str, settings: MuseSettings) ->
     return {a: eval_io.number(aucs.get(a), f"{file}: auc.{a}", 0.0, 1.0) for a in PRIVLEAK_ATTACKS}
 
 
-def _table(records: list[dict], meta: dict):
-    import pyarrow as pa
-
-    return pa.Table.from_pylist(records).replace_schema_metadata({b"tokenunlearn": json.dumps(meta).encode()})
-
-
 def _set_summary(records: list[dict]) -> dict:
     keys = ("rougeL_f1", "rougeL_recall", "rouge1_f1", "rouge1_recall")
     return {"n": len(records), **{k: round(percent_mean([r[k] for r in records]), 6) for k in keys}}
 
 
-def evaluate_muse(model_path: str, source: str, out_dir: Path, settings: MuseSettings = MuseSettings(),
-                  retain_results: Path | None = None, retain_auc: float | None = None,
-                  tokenizer_path: str | None = None) -> dict:
-    """Evaluate one model on MUSE `source` and write `out_dir` (atomically): metrics.json and items/*.parquet.
-    PrivLeak needs the retain model's AUC: `retain_results`, its own evaluate-muse output (`out_dir` itself: this
-    is the retain model, PrivLeak 0), or `retain_auc`, a published one (MUSE's retrained models: News 0.4772,
-    Books 0.5393, for Min-40%); neither: no PrivLeak. `tokenizer_path`: where the model has none (MUSE's models
-    are read with meta-llama/Llama-2-7b-hf's)."""
-    start = time.perf_counter()
-    sets: MuseEvalSets = load_eval_sets(source)  # every input is read before the model
+@dataclass(frozen=True)
+class MuseInputs:
+    """What a MUSE evaluation reads besides the model, loaded before it: the sets, and the retain model's AUCs."""
+
+    sets: MuseEvalSets
+    privleak_data: str                    # the hash of the privleak texts
+    retain_auc: dict[str, float] | None   # per attack; None: no PrivLeak, or this is the retain model (its own)
+
+
+def load_muse_inputs(source: str, settings: MuseSettings, retain_dir: Path | None, own_retain: bool,
+                     retain_auc: float | None = None) -> MuseInputs:
+    """MUSE's sets from `source`, and the retain model's AUC for PrivLeak: from `retain_dir`, its own evaluation
+    (unless this is the retain model's, `own_retain`: PrivLeak 0), or `retain_auc`, a published one (MUSE's
+    retrained models: News 0.4772, Books 0.5393, for Min-40%); neither: no PrivLeak."""
+    sets = load_eval_sets(source)
     privleak_data = data_hash([sets.privleak_forget, sets.privleak_holdout])
-    own = retain_results is not None and Path(retain_results).resolve() == Path(out_dir).resolve()
-    reference = None
-    if retain_results is not None and retain_auc is not None:
+    if retain_dir is not None and retain_auc is not None:
         raise ParamError("give the retain model's evaluation or its AUC, not both")
-    if retain_results is not None and not own:
-        reference = load_retain_auc(Path(retain_results), privleak_data, settings)
+    reference = None
+    if retain_dir is not None and not own_retain:
+        reference = load_retain_auc(Path(retain_dir), privleak_data, settings)
     elif retain_auc is not None:
         reference = {settings.attack: eval_io.number(retain_auc, "retain AUC", 0.0, 1.0)}
-    if not Path(model_path).exists() and not is_hub_name(model_path):
-        raise DataError(f"model '{model_path}': no such directory")
+    return MuseInputs(sets, privleak_data, reference)
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    tokenizer = load_tokenizer(tokenizer_path or model_path)
-    model = load_model(model_path, dtype=dtype).to(device).eval()
-    check_vocab(model, tokenizer, model_path)
-    s = settings
+
+def score_muse(model, tokenizer, inputs: MuseInputs, settings: MuseSettings, own_retain: bool,
+               source: str) -> tuple[dict, dict[str, list[dict]]]:
+    """MUSE's summary of one model (VerbMem, KnowMem forget and retain, utility preserved, PrivLeak and its AUCs,
+    each set's aggregates, the definitions) and its per-item records by table name."""
+    sets, s = inputs.sets, settings
     verbmem = run_verbmem(model, tokenizer, sets.verbmem, s.verbmem_max_new_tokens, s.batch_size, s.rouge_stemmer)
     knowmem_f = run_knowmem(model, tokenizer, sets.knowmem_forget, sets.knowmem_forget_icl,
                             s.knowmem_max_new_tokens, s.batch_size, s.rouge_stemmer)
@@ -253,10 +244,9 @@ def evaluate_muse(model_path: str, source: str, out_dir: Path, settings: MuseSet
     forget = privleak_scores(model, tokenizer, sets.privleak_forget, s.k, s.batch_size, "privleak: forget")
     holdout = privleak_scores(model, tokenizer, sets.privleak_holdout, s.k, s.batch_size, "privleak: holdout")
     aucs = {a: muse_auc(forget[a], holdout[a]) for a in PRIVLEAK_ATTACKS}
-    if own:
-        reference = dict(aucs)
+    reference = dict(aucs) if own_retain else inputs.retain_auc
 
-    summary: dict = {"model": str(model_path), "tokenizer": str(tokenizer_path or model_path), "source": str(source),
+    summary: dict = {"source": str(source),
                      "verbmem_f": round(percent_mean([r["rougeL_f1"] for r in verbmem]), 6),
                      "knowmem_f": round(percent_mean([r["rougeL_f1"] for r in knowmem_f]), 6),
                      "knowmem_r": round(percent_mean([r["rougeL_f1"] for r in knowmem_r]), 6)}
@@ -274,28 +264,17 @@ def evaluate_muse(model_path: str, source: str, out_dir: Path, settings: MuseSet
         "sets": {"verbmem_forget": _set_summary(verbmem), "knowmem_forget": _set_summary(knowmem_f),
                  "knowmem_retain": _set_summary(knowmem_r),
                  "privleak": {"n_forget": len(sets.privleak_forget), "n_holdout": len(sets.privleak_holdout)}},
-        "privleak_data": privleak_data,
+        "privleak_data": inputs.privleak_data,
         "definitions": {**asdict(s), "knowmem_stops": list(KNOWMEM_STOPS),
                         "n_icl": [len(sets.knowmem_forget_icl), len(sets.knowmem_retain_icl)]},
     })
     summary["definitions"].pop("batch_size")
 
-    privleak_rows = lambda texts, scores: [  # noqa: E731
-        {"index": i, "text": t, **{a: float(scores[a][i]) for a in PRIVLEAK_ATTACKS}} for i, t in enumerate(texts)]
+    def privleak_rows(texts, scores):
+        return [{"index": i, "text": t, **{a: float(scores[a][i]) for a in PRIVLEAK_ATTACKS}}
+                for i, t in enumerate(texts)]
+
     tables = {"verbmem": verbmem, "knowmem_forget": knowmem_f, "knowmem_retain": knowmem_r,
               "privleak_forget": privleak_rows(sets.privleak_forget, forget),
               "privleak_holdout": privleak_rows(sets.privleak_holdout, holdout)}
-    import pyarrow.parquet as pq
-
-    registry.check_registered(summary, str(model_path), registry.MUSE)
-    with atomic_dir(out_dir) as tmp:
-        (tmp / "items").mkdir()
-        for name, records in tables.items():
-            pq.write_table(_table(records, {"source": str(source)}), tmp / "items" / f"{name}.parquet",
-                           compression="zstd")
-        eval_io.write_strict_json(tmp / "metrics.json", summary)
-    write_seconds(out_dir, time.perf_counter() - start)  # beside the output, untracked (common/timing.py)
-    log.info("MUSE %s: VerbMem %.2f, KnowMem forget %.2f, KnowMem retain %.2f, PrivLeak %s (AUC %.3f)",
-             model_path, summary["verbmem_f"], summary["knowmem_f"], summary["knowmem_r"],
-             "n/a" if summary["privleak"] is None else f"{summary['privleak']:.2f}", aucs[s.attack])
-    return summary
+    return summary, tables

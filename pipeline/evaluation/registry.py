@@ -36,7 +36,7 @@ ANY = (None, None)
 SPREAD = (0.0, None)       # a standard deviation over seeds (`<key>_std`) or a standard error (`<key>_stderr`)
 SPREAD_SUFFIXES = ("_std", "_stderr")
 # The benchmarks and attacks, each the evaluator that writes its metrics. TOFU's per-set aggregates sit under each
-# set's name in the summary (`summary["forget"]["truth_ratio"]`); MUSE's in `evaluate-muse`'s summary; the
+# set's name in the summary (`summary["forget"]["truth_ratio"]`); MUSE's in a MUSE evaluation's summary; the
 # monitor's in the loss curves of an unlearning run; every other at the top of `evaluate`'s summary.
 TOFU_SET = "tofu_set"
 TOFU = "tofu"
@@ -132,7 +132,7 @@ REGISTRY: tuple[Metric, ...] = (
     Metric("q4_mc_world_forget", "forget MC, 4-bit ↓", LOWER, (ROBUSTNESS,), benchmark=QUANTIZATION),
     Metric("relearn_forget_mc_world_forget", "forget MC, relearned ↓", LOWER, (ROBUSTNESS,), benchmark=RELEARNING),
     Metric("mc_world_retain", "retain MC, cloze ↑", HIGHER, (SEEDS,), benchmark=MULTIPLE_CHOICE),
-    # MUSE (`evaluate-muse`; muse.py), in percent as its authors report them; its report's columns in this order
+    # MUSE (benchmarks/muse.py, muse.py), in percent as its authors report them; its report's columns in this order
     Metric("verbmem_f", "VerbMem ↓", LOWER, range=PERCENT, benchmark=MUSE,
            meaning="ROUGE-L F1 (%) of the greedy continuation of forget excerpts against the true one: verbatim "
                    "memorisation of the forget corpus"),
@@ -255,8 +255,8 @@ def value_range(key: str) -> tuple[float | None, float | None]:
 
 
 def label(key: str) -> str:
-    """A metric's name in log lines (forget ES, model utility)."""
-    found = metric(key)
+    """A metric's name in log lines (forget ES, model utility; MUSE's VerbMem)."""
+    found = metric(key) or next((m for m in REGISTRY if m.key == key), None)
     return found.name if found is not None else key
 
 

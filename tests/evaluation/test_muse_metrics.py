@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+import yaml
 
 from pipeline.common.errors import DataError, ParamError
 from pipeline.data.muse import QAPair
@@ -202,4 +203,44 @@ def test_the_retain_models_auc_is_only_read_for_the_same_texts_and_k(world_muse,
     assert summary["privleak"] == pytest.approx(muse.privleak(summary["auc"]["min_k"], 0.4772), abs=1e-5)
     assert summary["privleak_min_k_plus_plus"] is None  # a published AUC is of Min-K% only
     with pytest.raises(ParamError, match="give the retain model's evaluation or its AUC, not both"):
-        muse.evaluate_muse(str(micro_model_dir), str(world_muse), tmp_path / "x", muse.MuseSettings(), retain_out, 0.5)
+        muse.load_muse_inputs(str(world_muse), muse.MuseSettings(), retain_out, False, 0.5)
+
+
+def test_evaluate_with_muses_evaluator_is_evaluate_muse(world_muse, retain_eval, micro_model_dir, tmp_path, capsys):
+    """`evaluate` with evaluate.muse (params) writes what `evaluate-muse` (options) does, byte for byte; the
+    TOFU sets and MUSE in one evaluation are refused before any work, each setting named; `report --benchmark muse`
+    is `muse-report`."""
+    from stages.cli import run
+
+    retain_out, _ = retain_eval
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"evaluate": {
+        "tofu_sets": [], "multiple_choice": None, "muse": {
+            "source": str(world_muse), "verbmem_max_new_tokens": 8, "knowmem_max_new_tokens": 24, "batch_size": 4}}}))
+    by_params, by_options = tmp_path / "by_params", tmp_path / "by_options"
+    assert run(["evaluate", "m", "--params", str(params), "--model", str(micro_model_dir), "--out", str(by_params),
+                "--retain-results", str(retain_out)]) == 0
+    assert run(["evaluate-muse", "m", "--model", str(micro_model_dir), "--source", str(world_muse),
+                "--out", str(by_options), "--retain-results", str(retain_out), *SMALL]) == 0
+    files = sorted(f.relative_to(by_options) for f in by_options.rglob("*") if f.is_file())
+    assert files == sorted(f.relative_to(by_params) for f in by_params.rglob("*") if f.is_file())
+    assert len(files) == 6 and all((by_params / f).read_bytes() == (by_options / f).read_bytes() for f in files)
+
+    capsys.readouterr()
+    assert run(["evaluate", "m", "--params", str(params), "--model", str(micro_model_dir), "--out", str(tmp_path / "x"),
+                "-S", "evaluate.tofu_sets=[forget]", "-S", "evaluate.paraphrase=true"]) == 2
+    assert "evaluate.muse: MUSE is evaluated on its own, and evaluate.tofu_sets is on too: switch off " \
+           "evaluate.tofu_sets, evaluate.paraphrase" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+    for name in ("target", "retain", "npo"):  # a table of three MUSE evaluations, made by the two commands
+        (tmp_path / "evals" / name).mkdir(parents=True)
+        (tmp_path / "evals" / name / "metrics.json").write_bytes((by_params / "metrics.json").read_bytes())
+    report_params = tmp_path / "report.yaml"
+    report_params.write_text(yaml.safe_dump({"unlearn": {"runs": {"npo": {"method": "npo", "weighting": "uniform"}}},
+                                             "report": {"table": ["npo"]}}))
+    for command, out in ((["report", "--benchmark", "muse"], "a"), (["muse-report"], "b")):
+        assert run([*command, "--params", str(report_params), "--eval-dir", str(tmp_path / "evals"),
+                    "--out", str(tmp_path / out)]) == 0
+    assert (tmp_path / "a" / "results.md").read_text() == (tmp_path / "b" / "results.md").read_text()
+    assert "| NPO | npo |" in (tmp_path / "a" / "results.md").read_text()

@@ -3,12 +3,11 @@ per subject under `multiple_choice.<set>`, and per item as `mc/<set>.parquet` (t
 
 from __future__ import annotations
 
-import json
 import logging
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.evaluation import eval_io
 from pipeline.evaluation.config import EvalConfig
 from pipeline.evaluation.evaluator import Context, Evaluator, Part
 from pipeline.evaluation.mc_scoring import evaluate_mc
@@ -30,8 +29,7 @@ class MultipleChoice(Evaluator):
             result = evaluate_mc(model, ctx.tokenizer, items, batch_size=cfg.mc_batch_size, scoring=scoring,
                                  template=ctx.template, add_bos_token=spec.get("add_bos_token"),
                                  max_length=spec.get("max_length"), desc=f"multiple choice {set_name}")
-            table = pa.Table.from_pylist(result["records"]).replace_schema_metadata(
-                {b"tokenunlearn": json.dumps({"scoring": scoring}).encode()})
+            table = eval_io.item_table(result["records"], {"scoring": scoring})
             files[f"mc/{set_name}.parquet"] = lambda path, table=table: pq.write_table(table, path,
                                                                                        compression="zstd")
             summary[f"mc_{set_name}"] = round(result["accuracy"], 6)  # overall accuracy: the report's column

@@ -42,13 +42,18 @@ demo: setup
 	@echo "  tokenunlearn inspect --run t_npo --sample 0       # the token scores and the weights T-NPO used"
 	@echo "  a real model on a GPU: docs/real-models.md"
 
+# The tests on TEST_WORKERS processes (pytest-xdist; 0: this one), a file's tests on one of them (its fixtures made
+# once), each on one thread (the tiny models' fastest; two workers on 2 cores never contend).
+TEST_WORKERS ?= 2
+PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PYTEST) tests
 
 # The unit tier: every test but those marked slow (multi-process, DVC and Ray end to end, lm-eval, the CLI's
 # subprocesses); `make test` runs them all.
 test-fast: setup
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 # The experiments are a DVC project of their own, experiments/ (docs/sweeps.md): their commands run there.
 EXPERIMENTS := cd experiments &&

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.attribution.shards import check_shards, column_types, read_manifest
-from pipeline.attribution.variants import require_columns, score_columns, variant_score
+from pipeline.attribution.variants import draw, require_columns, score_columns, variant_score
 from pipeline.attribution.weights import hard_weights, soft_weights
 from pipeline.common.errors import DataError
 from pipeline.common.modeling import load_tokenizer, tokenizer_hash
@@ -129,6 +129,8 @@ def weights_title(run_name: str | None, weighting: str, r: float, tau: float, al
         return f"run {run_name}: hard weights, the top r = {r} of {of}: column hard"
     if weighting == "soft":
         return f"run {run_name}: soft weights, softmax({score} / τ) with τ = {tau}, α = {alpha}: column soft"
+    if weighting == "proportional":
+        return f"run {run_name}: proportional weights, ω ∝ {score} (α = {alpha}): column score"
     return f"run {run_name}: {weighting} weights, ω = 1 at every scored token (hard r = {r}, soft τ = {tau}: " \
            f"not this run's)"
 
@@ -138,13 +140,15 @@ def token_text(row: dict, i: int) -> str:
     return row["text"][start:end] if end > start else "<special>"
 
 
-def scores_of(row: dict, names: list[str], alpha: float) -> dict[str, np.ndarray]:
-    """Each named score (φ and attribution variants) over the row's scored tokens."""
+def scores_of(row: dict, names: list[str], alpha: float, seed: int = 0) -> dict[str, np.ndarray]:
+    """Each named score (φ and attribution variants) over the row's scored tokens; the random control as
+    unlearning seed `seed` draws it."""
     scored = np.flatnonzero(row["scored"])
     out = {}
     for name in names:
         require_columns(name, {c for c, v in row.items() if v is not None}, f"sample {row['sample_id']}")
         columns = {c: np.array(row[c], dtype=np.float64)[scored] for c in {"delta", "entropy", *score_columns(name)}}
+        columns.update(draw(name, seed, row["sample_id"], len(scored)))
         out[name] = variant_score(name, columns, alpha)
     return out
 

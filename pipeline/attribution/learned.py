@@ -1,11 +1,10 @@
 """The learned scorer's training (`attribution.signals: learned`): its samples, annotated facts of other authors than
-those it will score (the embedded world's annotations), both passes over them and the logistic fit; and the
-ground-truth fact spans the quality metrics compare with."""
+those it will score (the embedded world's annotations, `data/annotations.py`), both passes over them and the
+logistic fit."""
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import numpy as np
 
@@ -15,28 +14,10 @@ from pipeline.attribution.variants import LearnedScorer
 from pipeline.common.errors import ParamError
 from pipeline.data.config import DataConfig
 from pipeline.data.templates import get_template
-from pipeline.data.tofu import load_passages, load_split, read_json_records
+from pipeline.data.annotations import fact_spans, qa_annotations
+from pipeline.data.tofu import load_passages, load_split
 
 log = logging.getLogger(__name__)
-
-
-def qa_annotations(source: str) -> dict[str, dict] | None:
-    """Ground-truth annotations by question, where the data has them (the embedded world's annotations.json)."""
-    path = Path(source) / "annotations.json"
-    if not path.is_file():
-        return None
-    return {a["question"]: a for a in read_json_records(path)}
-
-
-def fact_spans(annotations: dict[str, dict]) -> dict[str, list]:
-    """Each question's answer fact spans, from its annotation."""
-    return {q: [tuple(s) for s in a["answer_fact_spans"]] for q, a in annotations.items()}
-
-
-def qa_facts(source: str) -> dict[str, list] | None:
-    """Ground-truth fact spans by question, where the data has them."""
-    annotations = qa_annotations(source)
-    return fact_spans(annotations) if annotations is not None else None
 
 
 def learned_training_inputs(cfg: AttributionConfig, data: DataConfig, records: list[dict], tokenizer, tagger,

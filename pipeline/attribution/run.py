@@ -21,15 +21,16 @@ import torch
 from pipeline import __version__
 from pipeline.attribution.alternatives import alternative_answers, encode_alternative, score_alternatives
 from pipeline.attribution.config import AttributionConfig, mask_token_id
-from pipeline.attribution.learned import fit_learned_scorer, qa_facts
+from pipeline.attribution.learned import fit_learned_scorer
+from pipeline.data.annotations import qa_facts
 from pipeline.attribution.quality import attribution_quality
 from pipeline.attribution.shards import MANIFEST, ShardInfo, ShardWriter, shard_schema, write_manifest
 from pipeline.attribution.signals import (AttributionInput, add_phi, build_qa_inputs, corpus_input, scatter,
                                           score_batch)
 from pipeline.attribution.tagging import CachedTagger, make_tagger, tag_cache_file, with_upos
 from pipeline.attribution.teacher import teacher_row
-from pipeline.attribution.variants import (CONTENT_UPOS, LearnedScorer, copied_tokens,
-                                           gradient_x_input, per_noun_deltas, phrase_spans, span_ids)
+from pipeline.attribution.variants import (ANSWER_NOUN_UPOS, CONTENT_UPOS, LearnedScorer, copied_tokens,
+                                           gradient_x_input, per_noun_deltas, phrase_spans, span_ids, tokens_in)
 from pipeline.common.atomic import atomic_dir, write_json
 from pipeline.common.distributed import broadcast_from_main, init_distributed, is_main_process
 from pipeline.common.errors import DataError
@@ -97,9 +98,9 @@ class ExtraSignals:
     for what each costs)."""
 
     def __init__(self, cfg: AttributionConfig, model, pad_id: int, content_tagger=None,
-                 scorer: LearnedScorer | None = None):
+                 scorer: LearnedScorer | None = None, noun_tagger=None):
         self.cfg, self.model, self.pad_id = cfg, model, pad_id
-        self.content_tagger, self.scorer = content_tagger, scorer
+        self.content_tagger, self.scorer, self.noun_tagger = content_tagger, scorer, noun_tagger
 
     def __call__(self, batch: list[AttributionInput], sigs: list) -> list[dict]:
         """`sigs`: the batch's Signals from score_batch (with hidden states where `learned` is asked for)."""
@@ -113,6 +114,11 @@ class ExtraSignals:
             tags = self.content_tagger.noun_spans([x.text[a:b] for x, (a, b) in zip(batch, regions)])
             for row, x, (a, _), spans in zip(out, batch, regions, tags):
                 row["span"] = span_ids(x, phrase_spans([(s + a, e + a) for s, e in spans], x.text))
+        if "nouns" in names:  # the answer's (QA) or the passage's (corpus) nouns and proper nouns
+            regions = [x.region or (0, len(x.text)) for x in batch]
+            tags = self.noun_tagger.noun_spans([x.text[a:b] for x, (a, b) in zip(batch, regions)])
+            for row, x, (a, _), spans in zip(out, batch, regions, tags):
+                row["answer_noun"] = tokens_in(x, [(s + a, e + a) for s, e in spans])
         if "per_noun" in names:
             deltas = per_noun_deltas(self.model, batch, [s.logp_orig for s in sigs], self.pad_id, cfg.batch_size,
                                      cfg.chunk_size)
@@ -132,7 +138,7 @@ def check_finite(signals, x: AttributionInput, model: str, extra: dict | None = 
     """A model whose weights (or inputs) hold NaN or inf gives non-finite signals: refuse them, as stage two would
     (the extra signals' float columns too)."""
     values = {name: getattr(signals, name) for name in ("logp_orig", "logp_mask", "entropy")}
-    values.update({k: np.asarray(v, dtype=np.float64) for k, v in (extra or {}).items() if k not in ("copied", "span")})
+    values.update({k: np.asarray(v, dtype=np.float64) for k, v in (extra or {}).items() if k not in ("copied", "span", "answer_noun")})
     for name, v in values.items():
         if not np.isfinite(v[x.scored]).all():
             raise DataError(f"model '{model}': non-finite {name} for sample {x.sample_id} (its weights may hold NaN "
@@ -182,10 +188,14 @@ def run_attribution(cfg: AttributionConfig, data: DataConfig, out_dir: Path, met
     if "span" in cfg.signals:
         content_tagger = CachedTagger(with_upos(base_tagger, CONTENT_UPOS),
                                       tag_cache_file(base_tagger, CONTENT_UPOS, cache_dir(), rank))
+    noun_tagger = None
+    if "nouns" in cfg.signals:
+        noun_tagger = CachedTagger(with_upos(base_tagger, ANSWER_NOUN_UPOS),
+                                   tag_cache_file(base_tagger, ANSWER_NOUN_UPOS, cache_dir(), rank))
     if "learned" in cfg.signals:  # every process fits the same scorer on the same rows (L-BFGS from zeros is
         # deterministic), so none waits for another; the main process saves it beside the shards
         scorer, learned_info = fit_learned_scorer(cfg, data, records, model, tokenizer, tagger, mask_id)
-    extra_signals = ExtraSignals(cfg, model, tokenizer.pad_token_id, content_tagger, scorer)
+    extra_signals = ExtraSignals(cfg, model, tokenizer.pad_token_id, content_tagger, scorer, noun_tagger)
 
     metadata = {
         "schema_version": 1, "mode": cfg.mode, "split": cfg.split, "model": cfg.model,

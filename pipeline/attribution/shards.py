@@ -51,6 +51,7 @@ SIGNAL_COLUMNS: dict[str, tuple[str, ...]] = {
     "per_noun": ("delta_noun_min", "delta_noun_max"),
     "grad_x_input": ("grad_x_input",),
     "learned": ("learned",),
+    "nouns": ("answer_noun",),
 }
 EXTRA_COLUMNS = {
     "copied": pa.list_(pa.bool_()),          # the token's word occurs in the prompt (corpus: earlier in the passage)
@@ -59,6 +60,7 @@ EXTRA_COLUMNS = {
     "delta_noun_max": f32,
     "grad_x_input": f32,                     # |embedding · gradient of the answer's log-likelihood|
     "learned": f32,                          # the learned scorer's probability that the token is a fact
+    "answer_noun": pa.list_(pa.bool_()),     # the token is in a noun or proper noun of the answer (the tagger's)
 }
 # The alternative answers stage one can add (attribution.alternatives; pipeline/attribution/alternatives.py), for
 # the preference methods: per forget sample one answer of each kind, its tokens (the prompt and that answer, encoded

@@ -16,6 +16,13 @@ Bases (the extra cost of computing them in stage one, beyond the paper's two pas
   learned       a logistic scorer over θ_o's hidden states (the one predicting the token and the token's own)
                 and the signals, trained on annotated facts of other authors (attribution.learned_split)
                                                      (signal learned: both passes over its training rows)
+Controls, the bounds a variant sits between (never measured or chosen as a variant):
+  random        i.i.d. uniform scores, drawn in stage two from the unlearning seed and the sample (`draw`): the
+                same token budget as any score (r, τ), its tokens chosen blindly                  (none)
+  oracle        1 on the world's fact tokens, 0 elsewhere: the ground truth       (data with fact annotations)
+  etw           H itself (nats): ETW's entropy-guided weights, with the weighting `proportional` (none)
+  answer_nouns  1 on the answer's noun and proper-noun tokens, 0 elsewhere       (signal nouns: one tagger call
+                                                                                      per answer)
 Modifiers, applied in this order:
   +nocopy       tokens of a word that occurs in the prompt (QA: the question; corpus: earlier in the passage)
                 score 0: the subject the answer repeats is not the fact            (signal copy: text only)
@@ -41,6 +48,7 @@ from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import decoder, lm_head_logits
 
 CONTENT_UPOS = ("NOUN", "PROPN", "NUM", "ADJ")  # the words a fact phrase is made of (span pooling)
+ANSWER_NOUN_UPOS = ("NOUN", "PROPN")             # what answer-noun weighting weighs
 
 ScoreFn = Callable[[dict, float], np.ndarray]   # (the sample's scored-token columns, α) -> a score per token
 
@@ -66,8 +74,18 @@ BASES: dict[str, tuple[tuple[str, ...], ScoreFn]] = {
     # the ground truth itself (1 on the world's fact tokens): a diagnostic upper bound on attribution, for data
     # with fact annotations only; never among the variants measured or chosen (available_scores)
     "oracle": (("fact",), lambda c, alpha: np.asarray(c["fact"], dtype=np.float64)),
+    # the control at the same token budget: i.i.d. uniform scores, drawn per unlearning seed and sample (`draw`)
+    "random": (("random",), lambda c, alpha: np.asarray(c["random"], dtype=np.float64)),
+    # ETW's (Koh et al., 2026): the entropy of θ_o's next-token distribution itself, in nats, with the weighting
+    # `proportional` (ω ∝ H); its ranking is minmax(H)'s, so under hard weights it selects what `entropy` does
+    "etw": ((), lambda c, alpha: np.asarray(c["entropy"], dtype=np.float64)),
+    # answer-noun weighting: 1 on the tokens of the answer's nouns and proper nouns (stage one's tagger), 0 elsewhere
+    "answer_nouns": (("answer_noun",), lambda c, alpha: np.asarray(c["answer_noun"], dtype=np.float64)),
 }
-DIAGNOSTIC_BASES = ("oracle",)
+# the bounds and the published baseline a variant is judged against, never a variant measured or chosen
+CONTROL_BASES = ("oracle", "random", "etw", "answer_nouns")
+DRAWN = ("random",)  # columns drawn at training time, not read from the shards
+RANDOM_STREAM = 0x52414E44  # keeps the random control's draws apart from any other use of the unlearning seed
 MODIFIERS: dict[str, str] = {"nocopy": "copied", "span": "span"}  # modifier -> the column it reads, in the
                                                                    # order they apply (and must be written)
 
@@ -93,7 +111,17 @@ def parse_score(name: str, where: str = "score") -> tuple[str, tuple[str, ...]]:
 def score_columns(name: str) -> tuple[str, ...]:
     """The shard columns (besides delta, entropy and scored) that score `name` reads."""
     base, mods = parse_score(name)
-    return tuple(dict.fromkeys([*BASES[base][0], *(MODIFIERS[m] for m in mods)]))
+    return tuple(c for c in dict.fromkeys([*BASES[base][0], *(MODIFIERS[m] for m in mods)]) if c not in DRAWN)
+
+
+def draw(name: str, seed: int, sample_id: int, n: int) -> dict[str, np.ndarray]:
+    """The drawn columns score `name` reads, for one sample's `n` scored tokens: the random control's uniform
+    scores come from (the unlearning seed, the sample), so each unlearning seed selects its own tokens, the same ones
+    on a rerun, in any process and batch order."""
+    base, _ = parse_score(name)
+    if "random" not in BASES[base][0]:
+        return {}
+    return {"random": np.random.default_rng([RANDOM_STREAM, int(seed), int(sample_id)]).random(n)}
 
 
 def signals_for(name: str) -> list[str]:
@@ -142,7 +170,7 @@ def available_scores(columns: set[str]) -> list[str]:
     mods = [m for m, col in MODIFIERS.items() if col in columns]
     combos = [c for k in range(len(mods) + 1) for c in itertools.combinations(mods, k)]
     return ["+".join([base, *combo]) for base, (cols, _) in BASES.items()
-            if set(cols) <= columns and base not in DIAGNOSTIC_BASES for combo in combos]
+            if set(cols) <= columns and base not in CONTROL_BASES for combo in combos]
 
 
 # --- signals from the text: copied tokens and spans ---------------------------------------------------------
@@ -193,6 +221,11 @@ def phrase_spans(content_spans: list[Span], text: str) -> list[Span]:
         else:
             out.append([s, e])
     return [(s, e) for s, e in out]
+
+
+def tokens_in(x: AttributionInput, spans: list[Span]) -> list[bool]:
+    """Whether each token overlaps one of `spans` (character spans of `x.text`)."""
+    return [bool(hit) for hit in token_words(x.offsets, [(s, e, "") for s, e in sorted(spans)])]
 
 
 def span_ids(x: AttributionInput, phrases: list[Span]) -> list[int]:

@@ -5,7 +5,9 @@ stage one's inspection and quality measures use the same selection without impor
 
 - uniform: ω = 1 (the sequence-level baseline);
 - hard:    ω = 1 for the top-r fraction of φ (at least one token; ties go to the earlier position), else 0;
-- soft:    ω = softmax(φ / τ).
+- soft:    ω = softmax(φ / τ);
+- proportional: ω = max(φ, 0), each token in proportion to its score (ETW's weighting, with score `etw`: the
+  entropy of θ_o's next-token distribution; docs/methods.md); a sample whose scores are all 0 falls back to ω = 1.
 
 Stage two uses the weighted mean Σ ω_i ℓ_i / Σ ω_i, so uniform gives the token mean, hard the mean over the
 selected tokens and soft the softmax-weighted average.
@@ -56,10 +58,16 @@ def soft_weights(phi: np.ndarray, tau: float = 0.5, **_) -> np.ndarray:
     return e / e.sum()
 
 
+def proportional_weights(phi: np.ndarray, **_) -> np.ndarray:
+    w = np.maximum(np.asarray(phi, dtype=np.float64), 0.0)
+    return w if w.sum() > 0 else np.ones(len(w))  # no score anywhere: nothing to prefer
+
+
 WEIGHTING: dict[str, Callable[..., np.ndarray]] = {
     "uniform": uniform_weights,
     "hard": hard_weights,
     "soft": soft_weights,
+    "proportional": proportional_weights,
 }
 
 

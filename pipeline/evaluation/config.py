@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from pipeline.common.errors import ParamError
 from pipeline.common.params import (at_least, between, check_rules, dataclass_from_params, one_of, origins_of,
-                                    section)
+                                    positive, section)
 from pipeline.evaluation import lm_eval_tasks
 from pipeline.evaluation.mc_sets import check_mc_spec
 from pipeline.evaluation.mia import DEFAULT_ATTACKS, GRADNORM_ORDERS, MIA_ATTACKS
@@ -47,6 +47,8 @@ class EvalConfig:
                                                     # names (world_forget, ...); []: forget, retain and every MC set
     lm_eval: dict = field(default_factory=dict)    # lm-eval's own tasks: {tasks, num_fewshot, limit, batch_size,
                                                    # include_path} (lm_eval_tasks.LMEvalSpec); needs the lmeval extra
+    sampling: dict = field(default_factory=dict)   # the sampling attack: {k, temperature, top_p, seed,
+                                                   # rouge_threshold, max_new_tokens} (SamplingSpec)
     muse: dict = field(default_factory=dict)       # MUSE's benchmark instead of TOFU's: {source, ...} (MuseSpec)
     tokenizer: str | None = None       # where the model has none (MUSE's models: meta-llama/Llama-2-7b-hf's); null:
                                        # the model's
@@ -73,12 +75,18 @@ class EvalConfig:
             QuantizeSpec.from_params(cfg.quantize, f"{where}.quantize")
         if cfg.lm_eval:
             lm_eval_tasks.LMEvalSpec.from_params(cfg.lm_eval, f"{where}.lm_eval")
+        if cfg.sampling:
+            SamplingSpec.from_params(cfg.sampling, f"{where}.sampling")
+            if "forget" not in cfg.tofu_sets:
+                raise ParamError(f"{where}.sampling: the sampling attack asks the forget questions: add forget to "
+                                 f"{where}.tofu_sets, or switch it off: {where}.sampling: null")
         if cfg.muse:
             MuseSpec.from_params(cfg.muse, f"{where}.muse")
             # MUSE's summary is its own (its privleak is not membership inference's on TOFU's forget set)
             also = [name for name, on in (("tofu_sets", cfg.tofu_sets), ("multiple_choice", cfg.multiple_choice),
                                           ("mia", cfg.mia), ("paraphrase", cfg.paraphrase),
-                                          ("quantize", cfg.quantize), ("lm_eval", cfg.lm_eval)) if on]
+                                          ("quantize", cfg.quantize), ("lm_eval", cfg.lm_eval),
+                                          ("sampling", cfg.sampling)) if on]
             if also:
                 raise ParamError(f"{where}.muse: MUSE is evaluated on its own, and {where}.{also[0]} is on too: "
                                  f"switch off {', '.join(f'{where}.{a}' for a in also)} (tofu_sets: [], the others "
@@ -96,6 +104,10 @@ class EvalConfig:
     @property
     def lm_eval_spec(self) -> "lm_eval_tasks.LMEvalSpec | None":
         return lm_eval_tasks.LMEvalSpec.from_params(self.lm_eval) if self.lm_eval else None
+
+    @property
+    def sampling_spec(self) -> "SamplingSpec | None":
+        return SamplingSpec.from_params(self.sampling, "evaluate.sampling") if self.sampling else None
 
     @property
     def muse_spec(self) -> "MuseSpec | None":
@@ -152,6 +164,32 @@ class QuantizeSpec:
         check_rules(spec, {"method": one_of(QUANT_METHODS), "group_size": at_least(0)}, where)
         if not spec.bits or not all(isinstance(b, int) and not isinstance(b, bool) and b in BITS for b in spec.bits):
             raise ParamError(f"{where}.bits={spec.bits!r}: a non-empty list of bit widths of {list(BITS)}, e.g. [8, 4]")
+        return spec
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """The sampling attack: answers sampled per forget question, and whether any of the first k says the fact."""
+
+    k: list = field(default_factory=lambda: [1, 5, 20])  # leak@k for each; max(k) samples per question
+    temperature: float = 1.0
+    top_p: float = 1.0                 # nucleus sampling; 1: the whole distribution
+    seed: int = 0
+    rouge_threshold: float = 0.7       # where the data has no fact annotations (TOFU): a sample leaks at ROUGE-L
+                                       # recall ≥ this of the answer (benchmarks/leak_threshold.py: why 0.7)
+    max_new_tokens: int | None = None  # null: evaluate.max_new_tokens
+
+    @classmethod
+    def from_params(cls, values: dict, where: str) -> "SamplingSpec":
+        spec = dataclass_from_params(cls, values, where)
+        ks = spec.k
+        if not ks or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in ks) \
+                or len(set(ks)) != len(ks):
+            raise ParamError(f"{where}.k={ks!r}: a list of distinct sample counts of at least 1, e.g. [1, 5, 20]")
+        check_rules(spec, {"temperature": positive(), "top_p": between(0, 1, lo_open=True),
+                           "rouge_threshold": between(0, 1, lo_open=True)}, where)
+        if spec.max_new_tokens is not None and (not isinstance(spec.max_new_tokens, int) or spec.max_new_tokens < 1):
+            raise ParamError(f"{where}.max_new_tokens={spec.max_new_tokens!r}: a positive integer, or null")
         return spec
 
 

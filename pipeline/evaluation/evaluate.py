@@ -13,6 +13,8 @@ Output directory of one evaluation:
                           accuracy as `mc_<set>` and per subject under `multiple_choice.<set>.by_subject`
     lm_eval/              with `evaluate.lm_eval`: lm-eval's results.json and samples_<task>.jsonl; the summary
                           has `lmeval_<task>_<metric>` keys (lm_eval_tasks.py)
+    sampling/forget.parquet   with `evaluate.sampling`: each forget question's sampled answers and which leak;
+                          the summary has `leak_at_<k>` (attacks/sampling.py)
 
 With `evaluate.muse`, MUSE's benchmark alone (benchmarks/muse.py): metrics.json is MUSE's summary, and items/ holds
 verbmem, knowmem_forget, knowmem_retain, privleak_forget and privleak_holdout.
@@ -47,6 +49,7 @@ from pipeline.evaluation import eval_io, open_unlearning, registry
 from pipeline.evaluation.attacks.mia import MembershipInference
 from pipeline.evaluation.attacks.paraphrase import Paraphrase
 from pipeline.evaluation.attacks.quantization import Quantization
+from pipeline.evaluation.attacks.sampling import Sampling
 from pipeline.evaluation.benchmarks.lm_eval import LMEval
 from pipeline.evaluation.benchmarks.multiple_choice import MultipleChoice
 from pipeline.evaluation.benchmarks.muse import Muse
@@ -59,7 +62,7 @@ log = logging.getLogger(__name__)
 
 # The evaluators, in the order they run and their keys appear in the summary; each runs where the params ask for it.
 EVALUATORS: tuple[type[Evaluator], ...] = (TofuSets, Paraphrase, MembershipInference, MultipleChoice, LMEval,
-                                           Quantization, Muse)
+                                           Quantization, Sampling, Muse)
 
 
 # ---- one model ----------------------------------------------------------------------------------------------

@@ -36,9 +36,10 @@ def _cut_at(text: str, stop: str) -> str:
     return (text.split(stop)[0] if stop and stop in text else text).strip()
 
 
-@torch.no_grad()
-def greedy_answers(model, tokenizer, template: PromptTemplate, questions: list[str], max_new_tokens: int = 64,
-                   batch_size: int = 32) -> list[str]:
+def _answers(model, tokenizer, template: PromptTemplate, questions: list[str], max_new_tokens: int, batch_size: int,
+             desc: str, **how) -> list[str]:
+    """Each question's answers (`how`: generate's decoding options; `num_return_sequences` answers per question, in
+    order), left-padded batches of `batch_size` questions."""
     model.eval()
     device = next(model.parameters()).device
     eos = stop_ids(model, tokenizer)
@@ -47,7 +48,7 @@ def greedy_answers(model, tokenizer, template: PromptTemplate, questions: list[s
     stop = tokenizer.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else ""
     answers: list[str] = []
     starts = range(0, len(questions), batch_size)
-    for start in progress(starts, total=len(starts), desc="generation"):
+    for start in progress(starts, total=len(starts), desc=desc):
         prompts = [encode_prompt(tokenizer, template, q)[2] for q in questions[start : start + batch_size]]
         width = max(map(len, prompts))
         ids = torch.full((len(prompts), width), pad, dtype=torch.long)
@@ -57,10 +58,33 @@ def greedy_answers(model, tokenizer, template: PromptTemplate, questions: list[s
             mask[row, width - len(p):] = 1
         out = model.generate(
             input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
-            do_sample=False, use_cache=True, eos_token_id=eos, pad_token_id=fill,
+            use_cache=True, eos_token_id=eos, pad_token_id=fill, **how,
         )
         answers.extend(_cut_at(decode(tokenizer, row), stop) for row in out[:, width:].tolist())
     return answers
+
+
+@torch.no_grad()
+def greedy_answers(model, tokenizer, template: PromptTemplate, questions: list[str], max_new_tokens: int = 64,
+                   batch_size: int = 32) -> list[str]:
+    return _answers(model, tokenizer, template, questions, max_new_tokens, batch_size, "generation", do_sample=False)
+
+
+@torch.no_grad()
+def sampled_answers(model, tokenizer, template: PromptTemplate, questions: list[str], n: int, temperature: float = 1.0,
+                    top_p: float = 1.0, max_new_tokens: int = 64, batch_size: int = 32, seed: int = 0) -> list[list[str]]:
+    """`n` answers sampled per question at `temperature` and nucleus `top_p` (no top-k cut: transformers' default of
+    50 is switched off), each batch from torch's generator seeded by (`seed`, the batch's first question), the
+    caller's random state left as it was: the same answers on a rerun with the same batch size."""
+    answers: list[str] = []
+    per_batch = max(1, batch_size // n)
+    for start in range(0, len(questions), per_batch):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed * 1_000_003 + start)
+            answers += _answers(model, tokenizer, template, questions[start : start + per_batch], max_new_tokens,
+                                per_batch, "sampling", do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
+                                num_return_sequences=n)
+    return [answers[i * n : (i + 1) * n] for i in range(len(questions))]
 
 
 def exact_match(prediction: str, gold: str) -> bool:

@@ -48,7 +48,8 @@ MULTIPLE_CHOICE = "multiple_choice"
 LM_EVAL = "lm_eval"
 MUSE = "muse"
 MONITOR = "monitor"
-IN_EVALUATE_SUMMARY = (TOFU, PARAPHRASE, MIA, QUANTIZATION, RELEARNING, MULTIPLE_CHOICE, LM_EVAL)
+SAMPLING = "sampling"
+IN_EVALUATE_SUMMARY = (TOFU, PARAPHRASE, MIA, QUANTIZATION, RELEARNING, MULTIPLE_CHOICE, LM_EVAL, SAMPLING)
 # membership inference's attacks (mia.MIA_ATTACKS; a test keeps the two lists equal) and the one privleak reads
 MIA_ATTACKS = ("loss", "zlib", "min_k", "min_k_plus_plus", "gradnorm", "reference")
 
@@ -199,7 +200,10 @@ MC = Family("mc_", "{name} acc", SHARE, MULTIPLE_CHOICE)
 # lm-eval's own tasks (evaluate.lm_eval): each task's metric and filter; any finite value (perplexity, BLEU are not
 # shares); its standard error `..._stderr` stays in the summaries.
 LMEVAL = Family("lmeval_", "lm-eval {name}", ANY, LM_EVAL)
-FAMILIES = (MC, LMEVAL)  # in column order, after the registered columns
+# The sampling attack (evaluate.sampling): for each k, the share of forget questions where one of k answers sampled
+# at the attack's temperature says the fact (leak_at_<k>): lower is better, as forget ES.
+LEAK = Family("leak_at_", "leak@{name} ↓", SHARE, SAMPLING, (ROBUSTNESS,), LOWER)
+FAMILIES = (MC, LMEVAL, LEAK)  # in column order, after the registered columns
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from pipeline.attribution.weights import WEIGHTING
 from pipeline.common.errors import DataError
 
 MANIFEST = "_manifest.json"  # an attribution directory's index of its shards (pipeline/attribution/shards.py)
@@ -100,8 +101,8 @@ def load_run_weights(path: str | Path, samples: list[ForgetSample]) -> tuple[str
         raise DataError(f"{path}: not a token_weights.parquet written by `unlearn` ({str(e).splitlines()[0]})") \
             from None
     weighting = used.get("weighting")
-    if weighting not in ("uniform", "hard", "soft"):
-        raise DataError(f"{path}: its metadata names weighting {weighting!r}, not uniform, hard or soft")
+    if weighting not in WEIGHTING:
+        raise DataError(f"{path}: its metadata names weighting {weighting!r}, not one of {sorted(WEIGHTING)}")
     weights = {row["sample_id"]: row for row in rows}
     out = {}
     for s in samples:
@@ -167,9 +168,9 @@ def answer_logp(model, samples: list[ForgetSample], batch_size: int = 8) -> list
 # ---- records ------------------------------------------------------------------------------------------------------
 
 def selected_tokens(weighting: str, weights: np.ndarray) -> np.ndarray:
-    """The tokens a run pushes on: hard ω > 0; soft ω above the sample's mean ω (softmax gives every token some
-    weight); uniform every token."""
-    if weighting == "soft":
+    """The tokens a run pushes on: hard ω > 0; soft and proportional ω above the sample's mean ω (they give every
+    token some weight); uniform every token."""
+    if weighting in ("soft", "proportional"):
         return weights > weights.mean()
     return weights > 0
 

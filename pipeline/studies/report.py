@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 # stages as `relearn_*`), where evaluated.
 COLUMNS = columns(MAIN)
 ROBUSTNESS_COLUMNS = columns(ROBUSTNESS)
-WEIGHTING_PREFIX = {"uniform": "", "hard": "T-", "soft": "S-"}
+WEIGHTING_PREFIX = {"uniform": "", "hard": "T-", "soft": "S-", "proportional": "P-"}
 # The two models every report needs: their label and the DVC stage that evaluates them.
 REFERENCE_MODELS = {"target": ("before unlearning", "evaluate_target"), "retain": ("retain model", "evaluate_retain")}
 
@@ -283,7 +283,7 @@ def plot_tables(rows: list[Row]) -> dict[str, str]:
 def plot_png(rows: list[Row], out_dir: Path) -> None:
     """forget_quality_vs_utility.png and extraction_strength.png."""
     plt = pyplot()
-    markers = {"uniform": "o", "hard": "^", "soft": "s", "": "*"}
+    markers = {"uniform": "o", "hard": "^", "soft": "s", "proportional": "D", "": "*"}
     fig, ax = plt.subplots(figsize=(7, 5))
     for r in rows:
         mu, fq = r.summary.get("model_utility"), r.summary.get("log10_forget_quality")

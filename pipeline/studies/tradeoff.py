@@ -16,7 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.common.atomic import atomic_file
@@ -45,6 +45,16 @@ class Curve:
     utility_min: float
     trials: list[dict]
     chosen: dict | None
+    past: list[dict] = field(default_factory=list)  # the probes past the crossing (`past_crossing`), where tried
+
+    @property
+    def front(self) -> dict | None:
+        """The run's best point over every trial it has: the lowest forget ES at utility ≥ the floor."""
+        return front(self.trials + self.past, self.utility_min)
+
+    @property
+    def recovers_at(self) -> list[float]:
+        return recovers_at(self.trials + self.past, self.utility_min)
 
 
 def _point(trial, where: str) -> dict | None:
@@ -66,9 +76,14 @@ def read_curve(file: Path, name: str, model_seed: int) -> Curve:
     if None in points:
         log.warning("%s: %d of %d trials lack lr, forget_es or model_utility: left out of the curve", file,
                     points.count(None), len(points))
+    past = entry.get("past_crossing") or []  # a tuning before the probes has none
+    if not isinstance(past, list):
+        raise DataError(f"{file}: runs.{name}.past_crossing: {past!r} is not a list of trials")
+    past = [_point(t, f"{file}: runs.{name}.past_crossing[{i}]") for i, t in enumerate(past)]
     return Curve(name, model_seed, number(result.get("utility_min"), f"{file}: utility_min"),
                  sorted((p for p in points if p), key=lambda p: p["lr"]),
-                 _point(entry.get("chosen"), f"{file}: runs.{name}.chosen"))
+                 _point(entry.get("chosen"), f"{file}: runs.{name}.chosen"),
+                 sorted((p for p in past if p), key=lambda p: p["lr"]))
 
 
 def load_curves(root: Path, model_seeds: list[int], runs: list[str],
@@ -103,6 +118,26 @@ def forget_es_at(trials: list[dict], utility: float) -> float | None:
     return None
 
 
+def front(trials: list[dict], utility_min: float) -> dict | None:
+    """The run's best point over every trial it has, wherever it lies: the lowest forget ES at model utility ≥
+    `utility_min` (ties: the higher utility, then the lower lr); None when no trial keeps the floor. Unlike the
+    first crossing, it still finds a trade-off whose utility recovers at higher rates."""
+    kept = [t for t in trials if not t.get("diverged") and t["model_utility"] >= utility_min]
+    if not kept:
+        return None
+    return dict(min(kept, key=lambda t: (t["forget_es"], -t["model_utility"], t["lr"])))
+
+
+def recovers_at(trials: list[dict], utility_min: float) -> list[float]:
+    """The rates above the first one breaking the floor where utility is back at or above it: empty where utility,
+    once below the floor, stays below as the rate grows (the bisection's assumption)."""
+    ordered = sorted((t for t in trials if not t.get("diverged")), key=lambda t: t["lr"])
+    first_break = next((t["lr"] for t in ordered if t["model_utility"] < utility_min), None)
+    if first_break is None:
+        return []
+    return [t["lr"] for t in ordered if t["lr"] > first_break and t["model_utility"] >= utility_min]
+
+
 def at_levels(curve: Curve, levels=LEVELS) -> list[float | None]:
     """The curve's forget ES at each level (an offset from its floor)."""
     return [forget_es_at(curve.trials, curve.utility_min + d) for d in levels]
@@ -126,6 +161,43 @@ def compare_curves(curves: dict[tuple[str, int], Curve], pairs: list[tuple[str, 
                         "mean": sum(diffs.values()) / len(diffs) if diffs else None,
                         "lower": sum(x < 0 for x in diffs.values()), "per_model": diffs})
     return out
+
+
+def compare_fronts(curves: dict[tuple[str, int], Curve], pairs: list[tuple[str, str]],
+                   model_seeds: list[int]) -> list[dict]:
+    """Per (variant, method) pair: variant − method forget ES at their fronts (each run's best point over all its
+    trials, past the first crossing included) on each model seed where both have one, as `compare_curves` reads
+    the curves at a level."""
+    out = []
+    for variant, base in pairs:
+        diffs = {}
+        for m in model_seeds:
+            v, b = curves.get((variant, m)), curves.get((base, m))
+            if v is not None and b is not None and v.front is not None and b.front is not None:
+                diffs[m] = v.front["forget_es"] - b.front["forget_es"]
+        out.append({"variant": variant, "base": base, "offset": "front", "n": len(diffs),
+                    "mean": sum(diffs.values()) / len(diffs) if diffs else None,
+                    "lower": sum(x < 0 for x in diffs.values()), "per_model": diffs})
+    return out
+
+
+def fronts_markdown(curves: dict[tuple[str, int], Curve], results: list[dict]) -> str:
+    """The section of results.md beside the curves': the comparison at the fronts, and which curves break the
+    bisection's assumption (utility back above the floor past the crossing)."""
+    recovering = sorted(f"{name} (m{m})" for (name, m), c in curves.items() if c.recovers_at)
+    probed = sum(bool(c.past) for c in curves.values())
+    lines = ["### At the front: each run's best point over all its trials", "",
+             "The first crossing assumes that utility falls as the rate grows. Each run's front is its lowest forget "
+             "ES at utility ≥ its model seed's floor over every trial it has, the probes past the crossing "
+             f"(tune.bisect.probe_past) included: {probed} of {len(curves)} curves have such probes. Utility is back "
+             "above the floor past the crossing on "
+             + (f"{len(recovering)}: {', '.join(recovering)}." if recovering else "none of them.") + "", "",
+             "| variant − method | at the front | per model seed |", "|---|---|---|"]
+    for r in results:
+        cell = "–" if not r["n"] else f"{r['mean']:+.3f} ({r['lower']}/{r['n']})"
+        per = " ".join(f"m{m} {x:+.3f}" for m, x in r["per_model"].items()) or "–"
+        lines.append(f"| {r['variant']} − {r['base']} | {cell} | {per} |")
+    return "\n".join(lines) + "\n"
 
 
 def _level(d: float) -> str:
@@ -241,12 +313,13 @@ def write_curves(root: Path, model_seeds: list[int], runs: list[str], specs: dic
     into `out_dir`; returns the results.md section."""
     curves = load_curves(Path(root), model_seeds, runs)
     results = compare_curves(curves, pairs, model_seeds, levels)
+    fronts = compare_fronts(curves, pairs, model_seeds)
     plots = plot_methods(curves, specs, runs, model_seeds, Path(out_dir))
     with atomic_file(Path(out_dir) / "curves.csv") as f:
         f.write(curves_csv(curves, levels))
     with atomic_file(Path(out_dir) / "curve_comparisons.csv") as f:
-        f.write(comparisons_csv(results))
-    return curves_markdown(curves, results, model_seeds, runs, levels, plots)
+        f.write(comparisons_csv(results + fronts))
+    return curves_markdown(curves, results, model_seeds, runs, levels, plots) + "\n" + fronts_markdown(curves, fronts)
 
 
 def equal_utility_markdown(curves: dict[tuple[str, int], Curve], runs: list[str], labels: dict[str, str],
@@ -258,14 +331,14 @@ def equal_utility_markdown(curves: dict[tuple[str, int], Curve], runs: list[str]
     lines = ["### At equal utility", "",
              f"Each run's learning rate was bisected onto the utility floor ({floor}, tune.utility_floor × the "
              "target's), and its forget ES read there. Lower forgets more.", "",
-             "| run | bisected lr | trials | forget ES at the floor | against its method's sequence-level run |",
-             "|---|---|---|---|---|"]
+             "| run | bisected lr | trials | forget ES at the floor | against its method's sequence-level run | "
+             "front: forget ES (lr) |", "|---|---|---|---|---|---|"]
     base_of = dict(pairs)
     at_floor = {n: forget_es_at(c.trials, c.utility_min) for (n, _), c in curves.items()}
     for name in runs:
         curve = curves.get((name, 0))
         if curve is None:
-            lines.append(f"| {labels.get(name, name)} | – | – | – (not tuned) | |")
+            lines.append(f"| {labels.get(name, name)} | – | – | – (not tuned) | | |")
             continue
         es, base = at_floor[name], base_of.get(name)
         versus = ""
@@ -274,8 +347,12 @@ def equal_utility_markdown(curves: dict[tuple[str, int], Curve], runs: list[str]
             word = "more" if d < 0 else "less" if d > 0 else "as much"
             versus = f"{d:+.3f}: forgets {word} than {labels.get(base, base)}"
         lr = f"{curve.chosen['lr']:.2e}" if curve.chosen else "–"
+        best = curve.front
+        best = "–" if best is None else f"{best['forget_es']:.3f} ({best['lr']:.2e}" + (
+            ", past the crossing)" if curve.recovers_at and best["lr"] in curve.recovers_at else ")")
         lines.append(f"| {labels.get(name, name)} | {lr} | {len(curve.trials)} | "
-                     + ("– (its curve does not reach the floor)" if es is None else f"{es:.3f}") + f" | {versus} |")
+                     + ("– (its curve does not reach the floor)" if es is None else f"{es:.3f}")
+                     + f" | {versus} | {best} |")
     reached = {n: v for n, v in at_floor.items() if v is not None}
     if reached:
         best = min(reached, key=reached.get)
@@ -285,7 +362,9 @@ def equal_utility_markdown(curves: dict[tuple[str, int], Curve], runs: list[str]
         lines += ["", line]
     lines += ["", "How: each run's trials (stage tune@RUN, on the tuning seed) are points of its trade-off curve, "
               "forget ES against model utility; forget ES is interpolated where the curve falls to the floor, between "
-              "the two trials around it. One model and one seed: an illustration; RESULTS.md has the comparison over "
+              "the two trials around it. The front is the run's lowest forget ES at utility ≥ the floor over all its "
+              "trials, the probes past the crossing included (where utility recovers there, the first crossing is not "
+              "the run's best point). One model and one seed: an illustration; RESULTS.md has the comparison over "
               "model seeds." + (" The curves: " + ", ".join(f"`{p}`" for p in plots) + "." if plots else "")]
     return "\n".join(lines) + "\n"
 

@@ -15,6 +15,12 @@ floor or `max_trials` trials are spent; the same budget for every run.
 
 A trial whose training diverges (a non-finite loss) counts as breaking the floor: the search goes on below it, and
 the run's choice.json lists its rate under `diverged`. Only a run whose every trial diverges is an error.
+
+The bisection assumes that utility falls as the rate grows, and a run's utility need not: it can fall below the floor
+and come back above it at higher rates, where forgetting is deeper still. So after the bisection the tuner tries
+the crossing's rate × each of `probe_past` (2 and 4), beyond `max_trials`, and records them (`past_crossing`), the
+rates where utility is back above the floor (`recovers_at`), the span of rates tried (`lr_span`) and the run's front:
+the lowest forget ES at utility ≥ the floor over every trial (`front`). The first crossing stays the chosen rate.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from pipeline.common.atomic import write_json
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.params import Rule, between, check_rules, dataclass_from_params
 from pipeline.common.plots import pyplot, save_figure
-from pipeline.studies.tradeoff import forget_es_at
+from pipeline.studies.tradeoff import forget_es_at, front, recovers_at
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +75,19 @@ class BisectConfig:
     max_trials: int = 7       # unlearn + evaluate trials per run, the same for every run
     tolerance: float = 0.005  # done once model utility is within this above the floor
     factor: float = 2.0       # the bracketing steps: lr × factor up, or / factor down
+    probe_past: list = field(default_factory=lambda: [2.0, 4.0])  # trials at the crossing's lr × each, beyond
+                              # max_trials: does utility stay below the floor past it? []: no probes
 
     @classmethod
     def from_params(cls, values: dict, where: str = "tune.bisect") -> "BisectConfig":
         cfg = dataclass_from_params(cls, values, where)
         positive = Rule(lambda v: isinstance(v, (int, float)) and v > 0, "a positive number")
+        above_one = Rule(lambda v: all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 1 for x in v),
+                         "a list of factors above 1, e.g. [2, 4]")
         check_rules(cfg, {"max_trials": Rule(lambda v: isinstance(v, int) and v >= 2, "an integer of at least 2"),
                           "tolerance": positive, "factor": Rule(lambda v: isinstance(v, (int, float)) and v > 1,
-                                                                "a number above 1")}, where)
+                                                                "a number above 1"),
+                          "probe_past": above_one}, where)
         return cfg
 
 
@@ -143,8 +154,14 @@ def bisect_lr(trial_at: Callable[[float], dict], start_lr: float, utility_min: f
     else:
         chosen = None
     converged = kept is not None and kept["model_utility"] - utility_min <= cfg.tolerance
+    # Past the crossing (the lowest rate breaking the floor): the bisection's assumption, checked where it matters
+    past: list[dict] = []
+    if kept is not None and broken is not None:
+        for factor in cfg.probe_past:
+            trial = trial_at(round_lr(broken["lr"] * factor))
+            past.append(trial)
     return {"trials": sorted(trials, key=lambda t: t["lr"]), "chosen": chosen, "converged": converged,
-            "diverged": sorted(t["lr"] for t in diverged)}
+            "diverged": sorted(t["lr"] for t in diverged), "past_crossing": past}
 
 
 def choose(trials: list[dict], utility_min: float) -> dict:
@@ -182,7 +199,7 @@ def tune_group(group: str, runs: dict, cfg: TuneConfig, unlearn_one: Callable, e
     if cfg.search == "bisect":
         bisect = cfg.bisect_config
         result |= {"lrs": None, "bisect": {"max_trials": bisect.max_trials, "tolerance": bisect.tolerance,
-                                           "factor": bisect.factor}}
+                                           "factor": bisect.factor, "probe_past": bisect.probe_past}}
     for name, (ucfg, train) in runs.items():
         def trial_at(lr: float, name=name, ucfg=ucfg, train=train) -> dict:
             file = trial_root / name / f"{_lr_name(lr)}.json"
@@ -213,10 +230,12 @@ def tune_group(group: str, runs: dict, cfg: TuneConfig, unlearn_one: Callable, e
                      trial.get("forget_es", float("nan")), trial.get("model_utility", float("nan")))
             return trial
 
+        past: list[dict] = []
         if cfg.search == "bisect":
             found = bisect_lr(trial_at, train.lr, utility_min, bisect)
             trials, chosen, diverged = found["trials"], found["chosen"], found["diverged"]
             extra = {"start_lr": train.lr, "converged": found["converged"]}
+            past = found["past_crossing"]
         else:
             done = [trial_at(float(lr)) for lr in cfg.lrs]
             trials = [t for t in done if not t.get("diverged")]
@@ -229,8 +248,18 @@ def tune_group(group: str, runs: dict, cfg: TuneConfig, unlearn_one: Callable, e
         if diverged:  # only then, so that a tuning with none writes the choice.json it always did
             extra["diverged"] = diverged
         at_floor = forget_es_at(trials, utility_min)
+        everything = trials + past
+        lrs = [t["lr"] for t in everything if not t.get("diverged")]
         result["runs"][name] = {"chosen": chosen, "trials": trials, **extra,
-                                "forget_es_at_floor": None if at_floor is None else round(at_floor, 6)}
+                                "forget_es_at_floor": None if at_floor is None else round(at_floor, 6),
+                                "past_crossing": past, "recovers_at": recovers_at(everything, utility_min),
+                                "front": front(everything, utility_min),
+                                "lr_span": round(max(lrs) / min(lrs), 3) if lrs else None}
+        if result["runs"][name]["recovers_at"]:
+            log.warning("tune %s: model utility falls below the floor and is back above it at lr %s: the first "
+                        "crossing is not the run's best point (front: forget ES %.3f at lr %.2e)", name,
+                        ", ".join(f"{lr:.2e}" for lr in result["runs"][name]["recovers_at"]),
+                        result["runs"][name]["front"]["forget_es"], result["runs"][name]["front"]["lr"])
         log.info("tune %s: lr %.2e (forget ES %.3f, MU %.3f%s)", name, chosen["lr"], chosen["forget_es"],
                  chosen["model_utility"], "" if chosen["meets_floor"] else ", below the utility floor")
     write_json(out_dir / "choice.json", result)
@@ -290,7 +319,8 @@ def bisect_table(result: dict) -> str:
     lines = [f"{result['group']}: lr bisected onto the utility floor {result['utility_floor']} × target MU "
              f"{result['target_model_utility']:.3f} = {result['utility_min']:.3f} (at most {b['max_trials']} trials, "
              f"tolerance {b['tolerance']}); cells: lr: forget ES / MU", "",
-             "| run | trials | chosen lr | MU | forget ES | forget ES at the floor |", "|---|---|---|---|---|---|"]
+             "| run | trials | chosen lr | MU | forget ES | forget ES at the floor | past the crossing | front: lr, "
+             "forget ES / MU |", "|---|---|---|---|---|---|---|---|"]
     for name, entry in result["runs"].items():
         chosen = entry["chosen"]
         cells = []
@@ -301,6 +331,14 @@ def bisect_table(result: dict) -> str:
         note = "" if chosen["meets_floor"] else " (below floor)"
         note += "" if entry.get("converged", True) else " (not within tolerance)"
         at_floor = entry.get("forget_es_at_floor")
+        past = "; ".join(f"{t['lr']:.2e}: diverged" if t.get("diverged") else
+                         f"{t['lr']:.2e}: {t['forget_es']:.3f} / {t['model_utility']:.3f}"
+                         for t in entry.get("past_crossing", [])) or "–"
+        if entry.get("recovers_at"):
+            past += " (utility recovers)"
+        best = entry.get("front")
+        best = "–" if best is None else f"{best['lr']:.2e}, {best['forget_es']:.3f} / {best['model_utility']:.3f}"
         lines.append(f"| {name} | " + "; ".join(cells) + f" | {chosen['lr']:.2e}{note} | {chosen['model_utility']:.3f}"
-                     f" | {chosen['forget_es']:.3f} | " + ("–" if at_floor is None else f"{at_floor:.3f}") + " |")
+                     f" | {chosen['forget_es']:.3f} | " + ("–" if at_floor is None else f"{at_floor:.3f}")
+                     + f" | {past} | {best} |")
     return "\n".join(lines) + "\n"

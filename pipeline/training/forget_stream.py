@@ -22,7 +22,7 @@ import torch
 
 from pipeline.attribution.shards import alternative_columns, check_shards, column_types, read_manifest
 from pipeline.attribution.teacher import LOGP_TOLERANCE as TEACHER_TOLERANCE, TEACHER_COLUMNS
-from pipeline.attribution.variants import parse_score, require_columns, score_columns, variant_score
+from pipeline.attribution.variants import draw, parse_score, require_columns, score_columns, variant_score
 from pipeline.attribution.weights import check_focus, check_mix, token_weights
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import model_hash, tokenizer_hash
@@ -52,7 +52,8 @@ class AlternativeSample:
     ref_logp: float         # θ_o's Σ log p over its scored tokens (stage one's)
 
 
-USES = {"uniform": (), "hard": ("r", "alpha", "score"), "soft": ("tau", "alpha", "score")}  # what each reads
+USES = {"uniform": (), "hard": ("r", "alpha", "score"), "soft": ("tau", "alpha", "score"),  # what each reads
+        "proportional": ("alpha", "score")}
 
 
 @dataclass(frozen=True)
@@ -90,11 +91,13 @@ class Weighting:
         """The shard columns the score reads besides delta and entropy (none for uniform weights)."""
         return score_columns(self.score) if self.strategy != "uniform" else ()
 
-    def sample(self, sample_id, input_ids, scored, columns: dict, logp_orig) -> ForgetSample:
-        """`columns`: delta, entropy and the score's columns, full length. Uniform weights read no score: their
-        recorded φ is the paper's."""
+    def sample(self, sample_id, input_ids, scored, columns: dict, logp_orig, seed: int = 0) -> ForgetSample:
+        """`columns`: delta, entropy and the score's columns, full length; `seed`: the unlearning seed, which a drawn
+        score (the random control) draws from. Uniform weights read no score: their recorded φ is the paper's."""
         score = self.score if self.strategy != "uniform" else "phi"
-        phi_scored = variant_score(score, {k: v[scored] for k, v in columns.items()}, self.alpha)
+        restricted = {k: v[scored] for k, v in columns.items()}
+        restricted.update(draw(score, seed, sample_id, int(np.count_nonzero(scored))))
+        phi_scored = variant_score(score, restricted, self.alpha)
         weights = np.zeros(len(scored))
         weights[scored] = token_weights(self.strategy, phi_scored, r=self.r, tau=self.tau, mix=self.mix,
                                         focus=self.focus)
@@ -222,7 +225,7 @@ class ForgetStream:
             if not scored[s].any():
                 raise DataError(f"{file}: sample {sample_id} has no scored token")
             out.append(self.weighting.sample(sample_id, ids[s], scored[s], {k: v[s] for k, v in columns.items()},
-                                             logp[s]))
+                                             logp[s], self.seed))
             if alternatives is not None:
                 out[-1].alternative = alternatives[row]
             if teachers is not None:

@@ -13,9 +13,9 @@ from pipeline.attribution.quality import choose_variant, compare_variants, preci
 from pipeline.attribution.run import AttributionConfig, run_attribution
 from pipeline.attribution.shards import read_table
 from pipeline.attribution.signals import AttributionInput, score_batch
-from pipeline.attribution.variants import (LearnedScorer, available_scores, copied_tokens, exclude_copied,
+from pipeline.attribution.variants import (LearnedScorer, available_scores, copied_tokens, draw, exclude_copied,
                                            gradient_x_input, parse_score, per_noun_deltas, phrase_spans, pool_spans,
-                                           score_columns, signals_for, span_ids, variant_score)
+                                           score_columns, signals_for, span_ids, tokens_in, variant_score)
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.modeling import load_model
 from pipeline.data.config import DataConfig
@@ -23,7 +23,7 @@ from pipeline.training.forget_stream import ForgetStream, Weighting
 
 from tests.conftest import ATTRIBUTION
 
-ALL_SIGNALS = ["copy", "span", "per_noun", "grad_x_input", "learned"]
+ALL_SIGNALS = ["copy", "span", "per_noun", "grad_x_input", "learned", "nouns"]
 
 
 # --- names ---------------------------------------------------------------------------------------------------
@@ -170,7 +170,7 @@ def variant_shards(micro_world_dir, micro_model_dir, tmp_path_factory):
 
 def test_every_signal_writes_its_columns_and_every_variant_is_measured(variant_shards):
     table = read_table(variant_shards / "shards")
-    for column in ("copied", "span", "delta_noun_min", "delta_noun_max", "grad_x_input", "learned"):
+    for column in ("copied", "span", "delta_noun_min", "delta_noun_max", "grad_x_input", "learned", "answer_noun"):
         assert column in table.column_names
     for row in table.to_pylist():
         scored = np.array(row["scored"])
@@ -310,3 +310,62 @@ def test_the_held_out_world_has_other_phrasings_and_authors():
     assert not templates(REPO / "data/world/templates.json") & templates(REPO / "data/world_heldout/templates.json")
     # every held-out answer still marks its fact: the ground truth the variants are measured on
     assert all(a["answer_fact_spans"] for a in held.annotations)
+
+
+def test_the_random_control_draws_per_unlearning_seed_and_sample_at_the_same_budget(variant_shards):
+    """Its tokens are i.i.d. uniform scores from (unlearning seed, sample): the same on a rerun, others for another
+    seed, never read from the shards; hard weights select ceil(r·n) of them as for any score."""
+    assert "random" not in available_scores({"delta", "entropy", "copied", "span"})
+    assert score_columns("random") == () and score_columns("random+span") == ("span",)
+    a, b = draw("random", 0, 7, 5)["random"], draw("random", 0, 7, 5)["random"]
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, draw("random", 1, 7, 5)["random"]) and not np.array_equal(a, draw("random", 0, 8, 5)
+                                                                                             ["random"])
+    assert draw("phi", 0, 7, 5) == {} and ((0 <= a) & (a < 1)).all()
+
+    def weights(seed):
+        return {s.sample_id: s.weights[s.scored] for s in ForgetStream(variant_shards / "shards",
+                                                                       Weighting("hard", r=0.2, score="random"),
+                                                                       seed=seed)}
+    first, again, other = weights(0), weights(0), weights(1)
+    assert all(np.array_equal(first[k], again[k]) for k in first)
+    assert any(not np.array_equal(first[k], other[k]) for k in first)
+    for w in first.values():  # the budget: ceil(0.2 n) tokens, as φ's
+        assert w.sum() == max(1, int(np.ceil(0.2 * len(w))))
+
+
+def test_etw_weighs_each_token_by_the_entropy_of_its_distribution(variant_shards):
+    """ETW (score etw, weighting proportional): ω = H, θ_o's next-token entropy in nats, on every scored token."""
+    assert "etw" not in available_scores({"delta", "entropy"}) and score_columns("etw") == ()
+    table = {r["sample_id"]: r for r in read_table(variant_shards / "shards").to_pylist()}
+    for sample in ForgetStream(variant_shards / "shards", Weighting("proportional", score="etw")):
+        scored = np.array(table[sample.sample_id]["scored"])
+        entropy = np.array(table[sample.sample_id]["entropy"], dtype=np.float64)[scored]
+        np.testing.assert_allclose(sample.weights[scored], entropy)
+        np.testing.assert_allclose(sample.phi[scored], entropy)
+    assert Weighting("proportional", score="etw").used() == {"weighting": "proportional", "alpha": 0.7,
+                                                              "score": "etw"}
+
+
+def test_answer_nouns_weigh_the_answers_nouns_and_proper_nouns(variant_shards):
+    """Tokens overlapping a tagged span (hand-made: "Ann Lee wrote poems." with spans on "Ann Lee" and "poems"),
+    then the signal on the micro world: only answer tokens, and hard weights on nouns before any other token."""
+    text = "Ann Lee wrote poems."
+    x = AttributionInput(0, text, [0, 1, 2, 3, 4, 5], [(0, 3), (3, 7), (7, 13), (13, 17), (17, 19), (19, 20)],
+                         [True] * 6, [False] * 6, 0)
+    assert tokens_in(x, [(14, 19), (0, 7)]) == [True, True, False, True, True, False]  # " poe" + "ms" = "poems"
+    assert tokens_in(x, []) == [False] * 6
+    assert signals_for("answer_nouns") == ["nouns"] and "answer_nouns" not in available_scores(
+        {"delta", "entropy", "answer_noun"})
+    table = {r["sample_id"]: r for r in read_table(variant_shards / "shards").to_pylist()}
+    with_nouns = 0
+    for sample in ForgetStream(variant_shards / "shards", Weighting("hard", r=0.2, score="answer_nouns")):
+        row = table[sample.sample_id]
+        scored, noun = np.array(row["scored"]), np.array(row["answer_noun"])
+        assert not (noun & ~scored).any()  # the answer's nouns: never a token of the question
+        np.testing.assert_array_equal(sample.phi[scored], noun[scored].astype(float))
+        selected = sample.weights[scored] > 0
+        if noun[scored].sum() >= selected.sum():  # enough nouns for the budget: every selected token is one
+            assert noun[scored][selected].all()
+            with_nouns += 1
+    assert with_nouns > 0

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pipeline.attribution.signals import attribution_score, minmax
-from pipeline.attribution.weights import hard_weights, soft_weights, token_weights
+from pipeline.attribution.weights import hard_weights, proportional_weights, soft_weights, token_weights
 from pipeline.common.errors import ParamError
 
 
@@ -49,6 +49,19 @@ def test_registry():
     assert token_weights("hard", phi, r=0.5).tolist() == [0.0, 1.0]
     with pytest.raises(ParamError, match="weighting='topk'"):
         token_weights("topk", phi)
+
+
+def test_proportional_weights_are_the_scores_themselves_in_the_weighted_mean():
+    """ETW's weighting: ω ∝ score. Entropies 0.5, 1.5, 0, 2.0 nats weigh the losses 1, 2, 3, 4 into
+    (0.5·1 + 1.5·2 + 0 + 2·4) / 4 = 2.875, where the token mean is 2.5."""
+    h = np.array([0.5, 1.5, 0.0, 2.0])
+    w = token_weights("proportional", h)
+    assert w.tolist() == [0.5, 1.5, 0.0, 2.0]
+    losses = np.array([1.0, 2.0, 3.0, 4.0])
+    assert (w * losses).sum() / w.sum() == pytest.approx(2.875)
+    assert proportional_weights(np.array([-0.3, 0.6])).tolist() == [0.0, 0.6]  # a negative score pushes nothing
+    assert proportional_weights(np.zeros(3)).tolist() == [1.0, 1.0, 1.0]       # no score anywhere: the token mean
+    assert token_weights("proportional", h, mix=0.5).tolist() == pytest.approx([0.1875, 0.3125, 0.125, 0.375])
 
 
 # ---- mix: a share of each sample's push spread evenly over its scored tokens ----------------------------------

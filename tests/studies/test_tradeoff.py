@@ -6,8 +6,8 @@ import json
 import pytest
 
 from pipeline.common.errors import DataError
-from pipeline.studies.tradeoff import (LEVELS, Curve, compare_curves, curves_csv, curves_markdown, forget_es_at,
-                                          load_curves, plot_methods)
+from pipeline.studies.tradeoff import (LEVELS, Curve, compare_curves, compare_fronts, curves_csv, curves_markdown,
+                                          forget_es_at, fronts_markdown, load_curves, plot_methods)
 
 # (model utility, forget ES) per lr 1e-4, 2e-4, 4e-4: MU falls, and forget ES with it
 CURVE = [(0.90, 0.80), (0.86, 0.50), (0.80, 0.20)]
@@ -17,12 +17,15 @@ def trials(points):
     return [{"lr": 1e-4 * 2 ** i, "model_utility": mu, "forget_es": es} for i, (mu, es) in enumerate(points)]
 
 
-def write_choice(root, m, name, utility_min, points, chosen=1):
+def write_choice(root, m, name, utility_min, points, chosen=1, past=()):
+    """A tuning's choice.json; `past`: (MU, forget ES) of the probes past the crossing, at 8e-4, 1.6e-3, ..."""
     d = root / f"m{m}" / "tuning" / name
     d.mkdir(parents=True, exist_ok=True)
     t = trials(points)
+    probes = [{"lr": 8e-4 * 2 ** i, "model_utility": mu, "forget_es": es} for i, (mu, es) in enumerate(past)]
     (d / "choice.json").write_text(json.dumps({"utility_min": utility_min, "runs": {name: {
-        "trials": t[::-1], "chosen": {**t[chosen], "meets_floor": True}}}}))  # any order: read in lr order
+        "trials": t[::-1], "chosen": {**t[chosen], "meets_floor": True},  # any order: read in lr order
+        **({"past_crossing": probes} if past else {})}}}))
 
 
 def test_forget_es_is_interpolated_where_the_curve_first_falls_to_a_level():
@@ -132,11 +135,42 @@ def test_the_demos_runs_at_equal_utility_are_read_on_their_curves(tmp_path):
                                tmp_path / "plots")
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| run")]
     # NPO: 1/6 of the way from (0.86, 0.50) to (0.80, 0.20) -> 0.45; S-NPO: from (0.86, 0.40) to (0.80, 0.10) -> 0.35
-    assert rows[0] == "| NPO | 2.00e-04 | 3 | 0.450 |  |"
+    # the front: the lowest forget ES at MU ≥ 0.85 over the trials, (0.86, 0.50) for NPO
+    assert rows[0] == "| NPO | 2.00e-04 | 3 | 0.450 |  | 0.500 (2.00e-04) |"
     assert rows[1].startswith("| T-NPO | 2.00e-04 | 2 | – (its curve does not reach the floor)")
-    assert rows[2] == "| S-NPO | 2.00e-04 | 3 | 0.350 | -0.100: forgets more than NPO |"
-    assert rows[3] == "| GA | – | – | – (not tuned) | |"
+    assert rows[1].endswith("| 0.800 (2.00e-04) |")
+    assert rows[2] == "| S-NPO | 2.00e-04 | 3 | 0.350 | -0.100: forgets more than NPO | 0.400 (2.00e-04) |"
+    assert rows[3] == "| GA | – | – | – (not tuned) | | |"
     assert "At the same utility, S-NPO forgets the most (forget ES 0.350; NPO 0.450)." in text
     assert "model utility 0.850" in text and "`tradeoff_npo.png`" in text
     assert (tmp_path / "out" / "tradeoff_npo.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "plots" / "curves.csv").read_text().startswith("run,model_seed,utility_min")
+
+
+def test_the_fronts_read_every_trial_past_the_crossing_and_are_compared_per_model_seed(tmp_path):
+    """Model seed 0: GA's utility recovers past the crossing (0.88 at 8e-4, forget ES 0.05), so its front lies
+    there and T-GA, 0.1 lower at every trial but without probes, is 0.35 worse at the front though better on the
+    curve; model seed 1: neither recovers, T-GA 0.1 lower at the front."""
+    write_choice(tmp_path, 0, "ga", 0.85, CURVE, past=[(0.88, 0.05), (0.70, 0.01)])
+    write_choice(tmp_path, 0, "t_ga", 0.85, [(mu, es - 0.1) for mu, es in CURVE])
+    write_choice(tmp_path, 1, "ga", 0.85, CURVE, past=[(0.70, 0.1)])
+    write_choice(tmp_path, 1, "t_ga", 0.85, [(mu, es - 0.1) for mu, es in CURVE], past=[(0.60, 0.0)])
+    curves = load_curves(tmp_path, [0, 1], ["ga", "t_ga"])
+    assert curves[("ga", 0)].front == {"lr": 8e-4, "model_utility": 0.88, "forget_es": 0.05}
+    assert curves[("ga", 0)].recovers_at == [8e-4] and curves[("ga", 1)].recovers_at == []
+    assert curves[("t_ga", 0)].front == {"lr": 2e-4, "model_utility": 0.86, "forget_es": pytest.approx(0.4)}
+    [r] = compare_fronts(curves, [("t_ga", "ga")], [0, 1])
+    assert r["per_model"] == {0: pytest.approx(0.35), 1: pytest.approx(-0.1)} and r["lower"] == 1 and r["n"] == 2
+    assert r["mean"] == pytest.approx(0.125)
+    # the curves' reading is unchanged by the probes: at the floor, T-GA 0.1 lower on both model seeds
+    by = {x["offset"]: x for x in compare_curves(curves, [("t_ga", "ga")], [0, 1])}
+    assert by[0.0]["mean"] == pytest.approx(-0.1) and by[0.0]["lower"] == 2
+    text = fronts_markdown(curves, [r])
+    assert "| t_ga − ga | +0.125 (1/2) | m0 +0.350 m1 -0.100 |" in text
+    assert "3 of 4 curves have such probes" in text and "on 1: ga (m0)." in text
+    bad = tmp_path / "m0" / "tuning" / "ga" / "choice.json"
+    data = json.loads(bad.read_text())
+    data["runs"]["ga"]["past_crossing"] = {"lr": 1}
+    bad.write_text(json.dumps(data))
+    with pytest.raises(DataError, match="past_crossing: .* is not a list of trials"):
+        load_curves(tmp_path, [0], ["ga"])

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.common.errors import DataError, ParamError
 from pipeline.training.engine import TrainConfig
-from pipeline.studies.tradeoff import forget_es_at
+from pipeline.studies.tradeoff import forget_es_at, front, recovers_at
 from pipeline.studies.tuning import (BisectConfig, TuneConfig, bisect_lr, choice_table, choose,
                                      plot_tradeoff, tune_group)
 from stages.options import chosen_lr
@@ -90,10 +90,68 @@ def test_bisection_brackets_then_lands_on_the_floor_by_false_position():
     # 1e-4 keeps the floor (0.9), 2e-4 breaks it (0.8); false position in log lr: 2^(0.045/0.1) = 1.366 -> 1.37e-4,
     # MU 0.9 − 0.1·log2(1.37) = 0.85458 < 0.855 breaks it; the next point, 99% of the way, is kept off the end at
     # 90%: 1e-4 · 1.37^0.9 = 1.328e-4 -> 1.33e-4, MU 0.85886, within 0.005 of the floor: done in four trials
-    assert calls == [1e-4, 2e-4, 1.37e-4, 1.33e-4]
+    # then the probes past the crossing (1.37e-4 × 2 and × 4), beyond the budget: utility stays below the floor
+    assert calls == [1e-4, 2e-4, 1.37e-4, 1.33e-4, 2.74e-4, 5.48e-4]
     assert found["chosen"]["lr"] == 1.33e-4 and found["chosen"]["meets_floor"] and found["converged"]
     assert found["chosen"]["model_utility"] == pytest.approx(0.858857, abs=1e-6)
-    assert [t["lr"] for t in found["trials"]] == sorted(calls)
+    assert [t["lr"] for t in found["trials"]] == sorted(calls[:4])
+    assert [t["lr"] for t in found["past_crossing"]] == [2.74e-4, 5.48e-4]
+    assert recovers_at(found["trials"] + found["past_crossing"], 0.855) == []
+
+
+# The trade-off a 5.3M Llama finetuned on real TOFU gave under NPO + KL (one seed): utility (its retain ES) falls
+# below the floor at 1e-4 and is back above it at 2e-4 and 4e-4, where forget ES is lowest.
+NON_MONOTONE = {5e-5: (0.918, 0.572), 1e-4: (0.442, 0.111), 2e-4: (0.851, 0.087), 4e-4: (0.958, 0.076)}
+
+
+def non_monotone(lr: float) -> dict:
+    """The table's points, log-linear between them (and flat beyond the ends)."""
+    xs = sorted(NON_MONOTONE)
+    x = min(max(lr, xs[0]), xs[-1])
+    for a, b in zip(xs, xs[1:]):
+        if a <= x <= b:
+            w = math.log(x / a) / math.log(b / a)
+            mu, fes = ((1 - w) * NON_MONOTONE[a][i] + w * NON_MONOTONE[b][i] for i in range(2))
+            return {"lr": lr, "model_utility": mu, "forget_es": fes}
+
+
+def test_a_utility_that_recovers_past_the_crossing_is_found_and_its_front_read_over_every_trial(tmp_path):
+    """Floor 0.85: the bisection's first crossing lies between 5e-5 and 1e-4; the probes at its broken end × 2 and
+    × 4 find utility back above the floor, and the front is the point of 4e-4, past the crossing."""
+    cfg = BisectConfig(max_trials=4, tolerance=0.005, factor=2.0)
+    found = bisect_lr(non_monotone, 5e-5, 0.85, cfg)
+    # 5e-5 (0.918) keeps the floor, 1e-4 (0.442) breaks it; false position in log lr: 0.068/0.476 = 0.143 of the
+    # way, 5e-5 · 2^0.143 = 5.52e-5, MU 0.85006: within 0.005 of the floor, converged in three trials. The probes
+    # at the crossing × 2 and × 4, 2e-4 (0.851) and 4e-4 (0.958), both keep the floor: utility recovers
+    assert [t["lr"] for t in found["trials"]] == [5e-5, 5.52e-5, 1e-4] and found["converged"]
+    assert found["chosen"]["lr"] == 5.52e-5 and found["chosen"]["forget_es"] == pytest.approx(0.5062, abs=1e-4)
+    assert [t["lr"] for t in found["past_crossing"]] == [2e-4, 4e-4]
+    crossing = 1e-4
+    everything = found["trials"] + found["past_crossing"]
+    assert recovers_at(everything, 0.85) == [2e-4, 4e-4]  # the assumption fails here, and it is said
+    best = front(everything, 0.85)
+    assert best == {"lr": 4e-4, "model_utility": 0.958, "forget_es": pytest.approx(0.076)}  # 0.43 below the chosen
+    # on the table's own rates (a grid): the front is 4e-4's point (0.076 at 0.958), the first crossing 5e-5's
+    grid = [non_monotone(lr) for lr in NON_MONOTONE]
+    assert front(grid, 0.85) == {"lr": 4e-4, "model_utility": 0.958, "forget_es": 0.076}
+    assert recovers_at(grid, 0.85) == [2e-4, 4e-4] and choose(grid, 0.85)["lr"] == 4e-4
+    assert front(grid, 0.99) is None and recovers_at(grid, 0.99) == []
+
+    # a tuning records them, and its table says so
+    def unlearn_one(name, ucfg, train, work):
+        (work / "model").mkdir(parents=True)
+        (work / "model" / "lr").write_text(repr(train.lr))
+
+    def evaluate_one(model_dir, eval_dir):
+        return non_monotone(float((model_dir / "lr").read_text()))
+
+    tune_cfg = TuneConfig(utility_floor=0.85, search="bisect", bisect={"max_trials": 4})
+    result = tune_group("npo", {"npo": (None, TrainConfig(lr=5e-5))}, tune_cfg, unlearn_one, evaluate_one, 1.0, tmp_path)
+    entry = result["runs"]["npo"]
+    assert entry["front"]["lr"] > crossing and entry["recovers_at"] and entry["lr_span"] >= 4
+    assert result["bisect"]["probe_past"] == [2.0, 4.0]
+    assert "(utility recovers)" in choice_table(result)
+    assert json.loads((tmp_path / "choice.json").read_text())["runs"]["npo"]["front"] == entry["front"]
 
 
 def test_bisection_steps_down_when_the_start_breaks_the_floor_and_keeps_to_its_budget():
@@ -184,7 +242,7 @@ def test_a_bisecting_tuning_resumes_from_its_trials_and_unlearn_reads_its_choice
     cfg = TuneConfig(utility_floor=0.95, search="bisect", bisect={"max_trials": 7, "tolerance": 0.005})
     calls = []
     trial_at = curve(calls)
-    for lr in (1e-4, 2e-4, 1.37e-4, 1.33e-4):
+    for lr in (1e-4, 2e-4, 1.37e-4, 1.33e-4, 2.74e-4, 5.48e-4):  # the bisection's, then the probes past it
         path = tmp_path / "trials" / "t_ga" / f"lr{lr:.2e}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(trial_at(lr)))
@@ -198,6 +256,8 @@ def test_a_bisecting_tuning_resumes_from_its_trials_and_unlearn_reads_its_choice
     result = tune_group("t_ga", {"t_ga": (None, Train())}, cfg, never, never, 0.9, tmp_path)
     entry = result["runs"]["t_ga"]
     assert entry["chosen"]["lr"] == 1.33e-4 and entry["converged"] and entry["start_lr"] == 1e-4
+    assert entry["recovers_at"] == [] and entry["front"] == {k: v for k, v in entry["chosen"].items()
+                                                             if k != "meets_floor"}
     assert result["bisect"]["max_trials"] == 7 and result["lrs"] is None
     assert "**1.33e-04: 0.429 / 0.859**" in choice_table(result)
     assert chosen_lr(tmp_path / "choice.json", "t_ga") == 1.33e-4

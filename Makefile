@@ -90,7 +90,7 @@ methods: setup
 
 # Is the win real forgetting: NPO by every score from a blind control (random) to the ground truth (oracle), hard and
 # soft, at equal utility on each model seed of `make seeds` (its models reused), every run attacked there
-# (configs/controls.yaml, configs/controls-depth.yaml; issue 44).
+# (configs/controls.yaml, configs/controls-depth.yaml).
 controls: setup
 	$(EXPERIMENTS) tokenunlearn sweep controls/dvc.yaml '*' --workers 2 --first 'tune@*'
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from pipeline.attribution.inspect import token_scores, weight_settings
 from pipeline.attribution.shards import ShardWriter, write_manifest
 from pipeline.common.errors import DataError
-from pipeline.common.modeling import tokenizer_hash
+from pipeline.common.modeling import load_tokenizer, tokenizer_hash
 from stages.cli import cli, run
 
 NAN = float("nan")
@@ -44,7 +44,10 @@ def shards(tmp_path, micro_tokenizer, micro_tokenizer_dir):
     beside them, files no reader should take for shards."""
     out = tmp_path / "attribution"
     out.mkdir()
-    metadata = {"model": str(micro_tokenizer_dir), "tokenizer_hash": tokenizer_hash(micro_tokenizer)}
+    # the hash of the tokenizer as `inspect` loads it: the session's object may carry another test's padding or
+    # truncation settings, which tokenizer_hash counts (a test order under pytest-xdist failed on it)
+    metadata = {"model": str(micro_tokenizer_dir),
+                "tokenizer_hash": tokenizer_hash(load_tokenizer(str(micro_tokenizer_dir)))}
     writer = ShardWriter(out, "part", 1, metadata)
     for i, (text, (at, delta, entropy)) in enumerate(zip(TEXTS, SCORES)):
         writer.add(_row(i, micro_tokenizer, text, at, delta, entropy))

@@ -86,4 +86,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from pipeline.common.cli_errors import run_script  # as the CLI: one line per error, an exit status
+    run_script(lambda: main(sys.argv[1:]))

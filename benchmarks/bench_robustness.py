@@ -114,4 +114,5 @@ def _embedded_run_steps(params: dict, n_forget: int) -> int:
 
 
 if __name__ == "__main__":
-    main()
+    from pipeline.common.cli_errors import run_script  # as the CLI: one line per error, an exit status
+    run_script(main)

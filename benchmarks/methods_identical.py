@@ -141,4 +141,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pipeline.common.cli_errors import run_script  # as the CLI: one line per error, an exit status
+    run_script(main)

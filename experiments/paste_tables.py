@@ -67,6 +67,8 @@ def main() -> None:
     parser.add_argument("--only", action="append", default=[], metavar="PATH",
                         help="Fill only the blocks of this output (repeatable), e.g. after one pipeline.")
     args = parser.parse_args()
+    if not args.file.is_file():
+        raise SystemExit(f"{args.file}: no such file (the Markdown file whose tables to fill)")
     text = args.file.read_text()
     new = render(text, REPO, tuple(args.only))
     if args.check:
@@ -77,4 +79,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from pipeline.common.cli_errors import run_script  # the CLI's error handling: one line, an exit status, -v for a traceback
+    run_script(main)

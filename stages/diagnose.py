@@ -11,6 +11,7 @@ import torch
 
 from pipeline.common.atomic import atomic_dir, hold_outputs
 from pipeline.common.modeling import load_model
+from pipeline.common.names import NAME as NAME_PATTERN, NAME_RULE
 from pipeline.evaluation.eval_io import write_strict_json
 from pipeline.studies.mass_shift import (answer_logp, check_target, load_forget_samples, load_run_weights,
                                             run_seeds, summarize, summary_markdown, token_records)
@@ -26,6 +27,8 @@ def parse_runs(values: tuple[str, ...]) -> dict[str, Path]:
         name, sep, directory = value.partition("=")
         if not sep or not name or not directory or name in runs:
             raise click.BadParameter(f"{value!r}: expected NAME=DIR, each NAME once", param_hint="--run")
+        if not NAME_PATTERN.fullmatch(name):
+            raise click.BadParameter(f"{value!r}: NAME must be {NAME_RULE}", param_hint="--run")
         runs[name] = Path(directory)
     return runs
 

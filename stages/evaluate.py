@@ -13,7 +13,7 @@ from pipeline.evaluation.evaluate import evaluate_path, headline_metrics
 from pipeline.evaluation.open_unlearning import export_evaluation
 from pipeline.evaluation.registry import label
 
-from .options import params_options
+from .options import NAME, params_options
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ HEADLINE_MUSE = ("verbmem_f", "knowmem_f", "knowmem_r", "privleak")  # a MUSE ev
 
 
 @click.command("evaluate")
-@click.argument("name")
+@click.argument("name", type=NAME)
 @params_options
 @click.option("--model", "model_path", required=True,
               help="A model directory (safetensors) or hub name, or an unlearning run's directory "

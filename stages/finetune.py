@@ -14,13 +14,13 @@ from pipeline.common.atomic import hold_outputs
 from pipeline.common.distributed import init_distributed
 from pipeline.training.finetune import job_from_params, run_finetune
 
-from .options import params_options
+from .options import NAME, params_options
 
 log = logging.getLogger(__name__)
 
 
 @click.command("finetune")
-@click.argument("name")
+@click.argument("name", type=NAME)
 @params_options
 @click.option("--out", type=click.Path(file_okay=False), help="Model directory [artifacts/models/NAME].")
 @click.option("--checkpoints", type=click.Path(file_okay=False),

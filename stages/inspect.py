@@ -12,7 +12,7 @@ from pipeline.attribution.variants import parse_score
 from pipeline.common.atomic import atomic_file
 from pipeline.training.unlearn import run_spec
 
-from .options import params_options
+from .options import NAME, params_options
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 @params_options
 @click.argument("shard_dir", default="artifacts/attribution", type=click.Path(exists=True, file_okay=False))
 @click.option("--sample", "sample_id", type=int, default=0, show_default=True, help="The sample id to print.")
-@click.option("--run", "run_name", metavar="NAME", default=None,
+@click.option("--run", "run_name", metavar="NAME", default=None, type=NAME,
               help="Show the weights run NAME of unlearn.runs trains with: its weighting, r, τ, α and score.")
 @click.option("--r", "r", type=click.FloatRange(0, 1, min_open=True), default=None,
               help="Hard weighting: the top-r fraction of the score [unlearn.weightings.hard.r, or the run's].")

@@ -13,6 +13,8 @@ from pipeline.evaluation.eval_io import write_strict_json
 from pipeline.evaluation.evaluate import evaluate_path
 from pipeline.evaluation.muse import KNOWMEM_MAX_NEW_TOKENS, MIN_K, PRIVLEAK_ATTACKS, VERBMEM_MAX_NEW_TOKENS
 
+from .options import NAME
+
 log = logging.getLogger(__name__)
 
 
@@ -33,7 +35,7 @@ def world_command(world_dir: str, forget_split: str, n_icl: int, out: str) -> No
 
 
 @click.command("evaluate-muse")
-@click.argument("name")
+@click.argument("name", type=NAME)
 @click.option("--model", "model_path", required=True, help="A model directory (safetensors) or hub name.")
 @click.option("--tokenizer", "tokenizer_path",
               help="The tokenizer, where the model has none [the model's] (MUSE's models: meta-llama/Llama-2-7b-hf).")

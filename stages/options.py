@@ -1,13 +1,16 @@
 """Options shared by the stage commands."""
 
 import functools
-import json
+import logging
 from pathlib import Path
 
 import click
 
-from pipeline.common.errors import DataError
+from pipeline.common.errors import DataError, ParamError
+from pipeline.common.names import check_name
 from pipeline.common.params import load_params
+
+log = logging.getLogger(__name__)
 
 _PARAMS_OPTIONS = [
     click.option("--params", "params_file", default="params.yaml", show_default=True,
@@ -33,6 +36,20 @@ def params_options(command):
     return wrapper
 
 
+class _Name(click.ParamType):
+    """A name that becomes part of a path (a run, a model, a group): refused unless one plain path component."""
+
+    name = "name"
+
+    def convert(self, value, param, ctx):
+        try:
+            return check_name(value, param.human_readable_name if param else "name")
+        except ParamError as e:
+            self.fail(str(e), param, ctx)
+
+
+NAME = _Name()
+
 shards_option = click.option(
     "--shards", default="artifacts/attribution", show_default=True, type=click.Path(file_okay=False),
     help="The attribution shards of the forget set (stage one's output).",
@@ -46,11 +63,26 @@ reference_option = click.option(
 
 
 def chosen_lr(choice_file: Path, run: str) -> float:
-    """The learning rate a tuning (`tokenunlearn tune`: its choice.json) chose for `run`; a clear error if the file
-    or the run is not there."""
-    try:
-        return float(json.loads(Path(choice_file).read_text())["runs"][run]["chosen"]["lr"])
-    except OSError as e:
-        raise DataError(f"{choice_file}: no tuning choice to read ({e.strerror}); run `tokenunlearn tune`") from None
-    except (ValueError, KeyError, TypeError):
-        raise DataError(f"{choice_file}: no chosen lr for run '{run}' (runs.{run}.chosen.lr)") from None
+    """The learning rate a tuning (`tokenunlearn tune`: its choice.json) chose for `run`, checked as
+    `unlearn.train.lr` is: a clear error if the file, the run or the rate is not there or not valid, or if the tuning
+    found no rate that keeps the utility floor (a comparison at equal utility would not be one)."""
+    from pipeline.common.artifacts import read_json, value_at
+    from pipeline.training.engine import TrainConfig
+
+    choice = read_json(choice_file, "tuning choice", "run `tokenunlearn tune` to write it")
+    runs = value_at(choice, choice_file, "runs")
+    if not isinstance(runs, dict) or run not in runs:
+        have = sorted(runs) if isinstance(runs, dict) else []
+        raise DataError(f"{choice_file}: no tuning of run '{run}' in it (runs: {have}); tune it with "
+                        f"`tokenunlearn tune --run {run}`")
+    lr = float(value_at(choice, choice_file, f"runs.{run}.chosen.lr", TrainConfig.RULES["lr"], "unlearn.train.lr"))
+    chosen = runs[run]["chosen"]
+    if chosen.get("meets_floor") is False:
+        raise DataError(f"{choice_file}: run '{run}': no rate the tuning tried keeps the utility floor (its best, lr "
+                        f"{lr:.3g}, has model utility {chosen.get('model_utility')}), so it is no equal-utility rate; "
+                        f"tune again from a lower rate (unlearn.runs.{run}.train.lr) or with a lower "
+                        "tune.utility_floor")
+    if runs[run].get("converged") is False:
+        log.warning("%s: run '%s': the bisection did not converge (%s): lr %.3g keeps the floor but may lie well "
+                    "below it", choice_file, run, runs[run].get("stopped", "its trial budget ran out"), lr)
+    return lr

@@ -14,13 +14,13 @@ from pipeline.evaluation.attacks.relearning import evaluate_attack
 from pipeline.evaluation.config import eval_config
 from pipeline.training.relearn import relearn_config, relearning_attack
 
-from .options import params_options
+from .options import NAME, params_options
 
 log = logging.getLogger(__name__)
 
 
 @click.command("relearn")
-@click.argument("name")
+@click.argument("name", type=NAME)
 @params_options
 @click.option("--model", "model_path", required=True,
               help="A model directory, or an unlearning run's directory (each seed{S}/model, once complete).")

@@ -40,6 +40,9 @@ def command(params: dict, root, models_root, experiment, out) -> None:
     keys = {"seeds": ("models", "runs", "bootstrap"), "ladder": ("rungs", "models", "runs")}
     if experiment not in keys:
         raise click.BadParameter("seeds or ladder", param_hint="--experiment")
+    if experiment not in params:  # the section is an overlay's, never params.yaml's
+        raise ParamError(f"the params have no `{experiment}` section (the model seeds and runs to report): give "
+                         f"its overlay, e.g. --overlay configs/{experiment}.yaml")
     seeds = section(params, experiment)
     check_keys(seeds, keys[experiment], experiment)
     runs_params, defaults = section(params, "unlearn.runs"), section(params, "unlearn.defaults")

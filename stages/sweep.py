@@ -8,9 +8,9 @@ import click
 from pipeline.common.errors import TokenUnlearnError
 from pipeline.common.params import check_keys, load_params, section
 from pipeline.sweep.ledger import DvcLedger
-from pipeline.sweep.plan import (downstream_closure, plan_from_dvc, read_plan, refuse_unseen_changes, resources_table,
-                                 write_plan)
-from pipeline.sweep.runner import record_outcome, run_sweep
+from pipeline.sweep.plan import (downstream_closure, plan_from_dvc, read_plan, record_outcome, refuse_unseen_changes,
+                                 resources_table, write_plan)
+from pipeline.sweep.runner import run_sweep
 
 from .options import params_options
 
@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
                    "command, params or inputs changed since --write-plan is refused.")
 def command(pipeline, patterns, params, address, workers, first, force, log_dir, plan_out, plan_file, record):
     """Run PIPELINE's stages matching PATTERNS ('unlearn@*' report) on Ray, each as soon as those it needs are
-    done, and record them in dvc.lock as `dvc repro` would."""
+    done, and record them in dvc.lock as `dvc repro` would. Stopped (Ctrl-C, SIGTERM, its terminal closed), it
+    ends the stages running, records none of them and exits with an error: the same command resumes it."""
     root = Path.cwd()
     given = click.get_current_context().params
     refuse_unseen_changes(load_params(given["params_file"]), params, given["overrides"], given["overlays"],

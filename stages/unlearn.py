@@ -21,13 +21,13 @@ from pipeline.training.run_config import run_configs
 from pipeline.training.seeds import check_seeds
 from pipeline.training.unlearn import run_unlearn_seeds
 
-from .options import chosen_lr, params_options, reference_option, shards_option
+from .options import NAME, chosen_lr, params_options, reference_option, shards_option
 
 log = logging.getLogger(__name__)
 
 
 @click.command("unlearn")
-@click.argument("name")
+@click.argument("name", type=NAME)
 @params_options
 @shards_option
 @reference_option

@@ -302,11 +302,11 @@ def test_range_errors_name_the_key_where_the_value_was_set_and_the_valid_range(m
     with pytest.raises(ParamError, match=r"^unlearn.runs.t_wga.train.warmup_ratio=1.2: must be in \[0, 1\)$"):
         run_configs(params, "t_wga")
     fine = micro_params(micro_world_dir, micro_tokenizer_dir, epochs=0)
-    with pytest.raises(ParamError, match=r"^finetune.train.epochs=0: must be positive$"):
+    with pytest.raises(ParamError, match=r"^finetune.train.epochs=0: must be positive and finite$"):
         job_from_params(fine, "m")
     fine = micro_params(micro_world_dir, micro_tokenizer_dir)
     fine["finetune"]["models"]["m"]["train"] = {"micro_batch_size": 0}
-    with pytest.raises(ParamError, match=r"^finetune.models.m.train.micro_batch_size=0: must be at least 1$"):
+    with pytest.raises(ParamError, match=r"^finetune.models.m.train.micro_batch_size=0: must be at least 1 and finite$"):
         job_from_params(fine, "m")
 
 
@@ -487,6 +487,23 @@ def test_unlearn_and_tune_name_a_missing_tuning_choice_or_a_missing_group(tmp_pa
     (tmp_path / "choice.json").write_text(json.dumps({"runs": {"t_npo": {"chosen": {"lr": 1e-4}}}}))
     status, err = run_cli(["unlearn", "npo", "--lr-from", str(tmp_path / "choice.json"), "--out", str(tmp_path / "u")],
                           capsys)
-    assert status == 2 and "no chosen lr for run 'npo'" in one_error_line(err)
+    assert status == 2 and "no tuning of run 'npo' in it" in one_error_line(err)
     status, err = run_cli(["tune", "npo", "--run", "npo"], capsys)
     assert status == 2 and "one of them" in err
+
+
+@pytest.mark.parametrize("summary, says", [
+    (None, "t.json: no evaluation summary of the target to read (no such file); evaluate the target first"),
+    ("{not json", "t.json: the evaluation summary of the target is not JSON ("),
+    (json.dumps({"forget_es": 0.5}), "t.json: no model_utility in it"),
+    (json.dumps({"model_utility": -0.5}), "t.json: model_utility=-0.5: must be in [0, 1]"),
+    (json.dumps({"model_utility": "NaN"}), "t.json: model_utility='NaN': must be in [0, 1]"),
+])
+def test_tune_checks_the_targets_utility_it_reads(tmp_path, capsys, summary, says):
+    # the utility floor is a share of it: a bad value would move every tuning's floor without a word
+    if summary is not None:
+        (tmp_path / "t.json").write_text(summary)
+    status, err = run_cli(["tune", "--run", "npo", "--target-results", str(tmp_path / "t.json"),
+                           "--out", str(tmp_path / "tuning")], capsys)
+    assert status == 2 and says in one_error_line(err)
+    assert not (tmp_path / "tuning").exists()

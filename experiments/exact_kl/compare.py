@@ -59,4 +59,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from pipeline.common.cli_errors import run_script  # the CLI's error handling: one line, an exit status, -v for a traceback
+    run_script(main)

@@ -188,10 +188,10 @@ class ReferenceCache:
         `check_shard`, `check_cache_values`): the retain term trusts its values, so a foreign, truncated or edited
         cache must be refused here, not trained on."""
         cache_dir = Path(cache_dir)
-        manifest = read_manifest(cache_dir)  # shard names confined to cache_dir; every shard's sha256
+        hint = f"; {RERUN}"
+        manifest = read_manifest(cache_dir, hint=hint)  # shard names confined to cache_dir; every shard's sha256
         meta = check_cache_metadata(manifest, cache_dir)
         schema = cache_schema(meta["layers"])
-        hint = f"; {RERUN}"
         tables = []
         for shard in manifest["shards"]:
             file = cache_dir / shard["name"]

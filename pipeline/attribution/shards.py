@@ -147,9 +147,12 @@ def write_manifest(out_dir: Path, shards: list[ShardInfo], metadata: dict, summa
     })
 
 
-def read_manifest(shard_dir: str | Path, verify: bool = True) -> dict:
+def read_manifest(shard_dir: str | Path, verify: bool = True,
+                  hint: str = "; rerun the stage that wrote it") -> dict:
     """The manifest of a shard directory, its structure checked and every shard it lists confined to the directory;
-    with `verify`, every shard's sha256 is checked too."""
+    with `verify`, every shard's sha256 is checked too, and its Parquet footer read (the row count it holds): a
+    manifest rewritten over a damaged shard passes the sha256 but not this, so no reader meets the damage later.
+    `hint`: how a damaged shard's error ends (the command that writes this directory, where the caller knows it)."""
     shard_dir = Path(shard_dir)
     path = shard_dir / MANIFEST
     if not path.is_file():
@@ -166,6 +169,8 @@ def read_manifest(shard_dir: str | Path, verify: bool = True) -> dict:
         file = shard_path(shard_dir, shard["name"], path)
         if verify and _sha256(file) != shard["sha256"]:
             raise DataError(f"{shard_dir}: shard {shard['name']} does not match the manifest's sha256")
+        if verify:
+            check_shard(file, {}, shard["rows"], hint)
     return manifest
 
 

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -40,6 +41,22 @@ def _tmp_sibling(target: Path, is_dir: bool) -> Path:
     os.close(fd)
     os.chmod(name, 0o666 & ~_UMASK)  # mkstemp makes 0600; the artifact follows the user's umask
     return Path(name)
+
+
+def _follow_umask(root: Path) -> None:
+    """Give every file and directory under `root` (itself included) the mode a plain create under the user's umask
+    gives: libraries that write through a temporary file and rename it (safetensors' `save_file`, so every
+    `save_pretrained`) leave 0600, which another user of a shared artifacts directory cannot read."""
+    for path in [root, *root.rglob("*")]:
+        st = path.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            continue  # chmod would change the link's target, which may lie outside the output
+        # Directories and executables keep their execute bits, as a create with them would; a shared directory's
+        # setgid bit (its group passed on to what is made in it) is kept.
+        full = 0o777 if stat.S_ISDIR(st.st_mode) or st.st_mode & 0o111 else 0o666
+        mode = stat.S_IMODE(st.st_mode) & 0o7000 | full & ~_UMASK
+        if stat.S_IMODE(st.st_mode) != mode:
+            os.chmod(path, mode)
 
 
 def remove_leftovers(target: Path) -> list[Path]:
@@ -74,7 +91,8 @@ def _replace(tmp: Path, target: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
-    """Yield a fresh temporary directory; on success it replaces `target`, on error it is removed."""
+    """Yield a fresh temporary directory; on success its tree is given the umask's modes (`_follow_umask`) and it
+    replaces `target`; on error it is removed."""
     target = Path(target)
     tmp = _tmp_sibling(target, is_dir=True)
     try:
@@ -82,6 +100,7 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _follow_umask(tmp)
     _replace(tmp, target)
 
 

@@ -10,12 +10,16 @@ import logging
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 import torch
 
-from pipeline.common.locks import stale_lock_owner
+from pipeline.common.errors import TokenUnlearnError
+from pipeline.common.locks import LockWait, break_stale_lock
 from pipeline.common.paths import cache_dir
+
+log = logging.getLogger(__name__)
 
 
 def _prepare_environment() -> None:
@@ -39,11 +43,15 @@ def _prepare_environment() -> None:
 
 class _OwnedBaton:
     """torch's JIT-build lock (`FileBaton`: a `lock` file that every other build waits on while it exists), with its
-    owner's host and pid written in it: a lock whose owner was killed is broken, with one line, instead of making
-    every later stage wait forever. torch's own baton writes nothing; an empty lock is broken once it is older than
-    any build (`EMPTY_LOCK_SECONDS`)."""
+    owner's host and pid written in it: a lock whose owner was killed is broken at once, with one line, instead of
+    making every later stage wait forever. torch's own baton writes nothing; an empty lock is broken once older than
+    `EMPTY_LOCK_SECONDS`. A wait says at once, and every `locks.WAIT_REPORT_SECONDS`, which lock it waits on, who
+    holds it and how to clear it."""
 
-    EMPTY_LOCK_SECONDS = 600
+    # This baton writes its owner in the moment it creates the lock, so an empty one is torch's own baton's (a
+    # process outside the pipeline) or one killed in between; DeepSpeed's CPU ops build in about 30 s, so a minute
+    # covers a live unpatched build without keeping a dead one's waiters for the 10 minutes a stage used to wait.
+    EMPTY_LOCK_SECONDS = 60
 
     def __init__(self, lock_file_path, wait_seconds=0.1, warn_after_seconds=None) -> None:
         self.lock_file_path, self.wait_seconds, self.fd = lock_file_path, wait_seconds, None
@@ -61,14 +69,16 @@ class _OwnedBaton:
         return False
 
     def wait(self) -> None:
-        import time
-
-        from pipeline.common.errors import TokenUnlearnError
-
-        while os.path.exists(self.lock_file_path):
-            if self._break_if_stale():
-                raise TokenUnlearnError(f"{self.lock_file_path}: the process building this DeepSpeed op died before "
-                                        "it finished; its lock is removed: run the command again to build it")
+        path = Path(self.lock_file_path)
+        waiting = LockWait(path, f"DeepSpeed's build of its op '{path.parent.name}'",
+                           f"if no build of it is running, delete {path} (a lock whose owner is not running is "
+                           f"removed at once, an empty one once {self.EMPTY_LOCK_SECONDS} s old)")
+        while path.exists():
+            owner = self._break_if_stale()
+            if owner:
+                raise TokenUnlearnError(f"{path}: the process building this DeepSpeed op ({owner}) died before it "
+                                        "finished; its lock is removed: run the command again to build it")
+            waiting.report()
             time.sleep(self.wait_seconds)
 
     def release(self) -> None:
@@ -76,14 +86,11 @@ class _OwnedBaton:
             os.close(self.fd)
         os.remove(self.lock_file_path)
 
-    def _break_if_stale(self) -> bool:
-        owner = stale_lock_owner(Path(self.lock_file_path), self.EMPTY_LOCK_SECONDS)
-        if owner is None:
-            return False
-        Path(self.lock_file_path).unlink(missing_ok=True)
-        logging.getLogger(__name__).warning("removed the build lock %s of a killed run (%s)", self.lock_file_path,
-                                            owner)
-        return True
+    def _break_if_stale(self) -> str | None:
+        owner = break_stale_lock(Path(self.lock_file_path), self.EMPTY_LOCK_SECONDS)
+        if owner is not None:
+            log.warning("removed the build lock %s of a killed run (%s)", self.lock_file_path, owner)
+        return owner
 
 
 def _break_stale_build_locks() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import math
 import re
 import types
 import typing
@@ -20,6 +21,7 @@ from typing import Any, Callable, Iterable, TypeVar
 import yaml
 
 from pipeline.common.errors import ParamError
+from pipeline.common.names import check_param_names
 
 T = TypeVar("T")
 
@@ -56,6 +58,7 @@ def load_params(path: str | Path = "params.yaml", overlays: str | Path | Iterabl
         params = apply_overlay(params, overlay)
     for item in overrides:
         params = apply_override(params, item)
+    check_param_names(params, str(path))
     return params
 
 
@@ -289,12 +292,18 @@ def between(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) 
                 f"in {left}{lo:g}, {hi:g}{right}")
 
 
+# A learning rate: the rule of every `train.lr`, and of every rate a tuning tries or an artifact hands on.
+LEARNING_RATE = between(0, 1, lo_open=True, hi_open=True)
+
+
+# A number param is finite: YAML's `.inf` passes `> 0`, and β = inf, say, would pass validation only to make the
+# loss non-finite at step 1, blamed there on the learning rate.
 def at_least(lo: float) -> Rule:
-    return Rule(lambda v: v >= lo, f"at least {lo:g}")
+    return Rule(lambda v: v >= lo and math.isfinite(v), f"at least {lo:g} and finite")
 
 
 def positive() -> Rule:
-    return Rule(lambda v: v > 0, "positive")
+    return Rule(lambda v: v > 0 and math.isfinite(v), "positive and finite")
 
 
 def one_of(options: Iterable) -> Rule:

@@ -315,6 +315,19 @@ def chain_order(runs: Sequence[str], chain: dict, n_requests: int) -> dict[str, 
     """Each run's models after request 1, 2, ... K, by name: request 1 is the size series' first run (`RUN_n1`,
     from the target), request k the entry of `chain` (`sequential.chain`) with that run and request, which must
     start from the model after request k − 1 (its `after`). Any other shape of `chain` is a ParamError."""
+    for key, item in chain.items():  # each entry's own faults first, named as such (not as a missing link)
+        if not isinstance(item, dict):
+            raise ParamError(f"sequential.chain.{key}={item!r}: a mapping {{run, request, after}}")
+        request = item.get("request")
+        if request == 1:
+            raise ParamError(f"sequential.chain.{key}.request=1: request 1 of every run is RUN_n1 (the size series' "
+                             "first run, from the target), not a chain entry; the chain starts at request 2")
+        if not isinstance(request, int) or isinstance(request, bool) or not 2 <= request <= n_requests:
+            raise ParamError(f"sequential.chain.{key}.request={request!r}: a request from 2 to {n_requests} "
+                             "(sequential.requests)")
+        if item.get("run") not in runs:
+            raise ParamError(f"sequential.chain.{key}.run={item.get('run')!r}: not a run of sequential.runs "
+                             f"{list(runs)}")
     order = {}
     for run in runs:
         names = [f"{run}_n1"]

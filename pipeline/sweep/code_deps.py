@@ -160,19 +160,52 @@ class StageDeps:
     deps: object  # ruamel.yaml CommentedSeq
 
 
+def _read_dvc_yaml(dvc_file: Path):
+    """The file's text and its document (ruamel's, which knows each item's line); a file that is not readable YAML
+    is an error naming it and, where the parser knows it, the line and column."""
+    from ruamel.yaml import YAML, YAMLError
+
+    try:
+        text = dvc_file.read_text(encoding="utf-8")
+        return text, YAML(typ="rt").load(text)
+    except OSError as e:
+        raise DataError(f"{dvc_file}: unable to read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{dvc_file}: not UTF-8 text (byte {e.start})") from None
+    except YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{dvc_file}:{mark.line + 1}:{mark.column + 1}" if mark else str(dvc_file)
+        what = "; ".join(str(p) for p in (getattr(e, "context", None), getattr(e, "problem", None)) if p)
+        raise DataError(f"{where}: not valid YAML: {what or str(e).splitlines()[0]}") from None
+
+
 def dvc_stages(dvc_file: Path) -> tuple[list[str], list[StageDeps]]:
     """The file's lines and its stages (a foreach's `do:` and a matrix stage alike)."""
-    from ruamel.yaml import YAML
-
-    text = dvc_file.read_text(encoding="utf-8")
-    document = YAML(typ="rt").load(text)
+    text, document = _read_dvc_yaml(dvc_file)
+    if not isinstance(document, dict) or not isinstance(document.get("stages") or {}, dict):
+        raise DataError(f"{dvc_file}: not a DVC pipeline: it needs a mapping `stages` of stage name -> stage")
     stages = []
     for name, stage in (document.get("stages") or {}).items():
+        if not isinstance(stage, dict):
+            line = f":{stage_line + 1}" if (stage_line := _key_line(document["stages"], name)) is not None else ""
+            raise DataError(f"{dvc_file}{line}: stage '{name}' is a {type(stage).__name__}, not a mapping "
+                            "(cmd, deps, outs, ...)")
         body = stage.get("do", stage)
         if isinstance(body, dict) and isinstance(body.get("cmd"), str):
+            if not isinstance(body.get("deps"), (list, type(None))):
+                raise DataError(f"{dvc_file}: stage '{name}': deps is a {type(body['deps']).__name__}, not a list "
+                                "of paths")
             where = Path(os.path.normpath(dvc_file.resolve().parent / str(body.get("wdir", "."))))
             stages.append(StageDeps(name, " ".join(body["cmd"].split()), where, body.get("deps")))
     return text.splitlines(keepends=True), stages
+
+
+def _key_line(mapping, key) -> int | None:
+    """The line (from 0) where a key of a ruamel mapping is written, or None."""
+    try:
+        return mapping.lc.key(key)[0]
+    except (AttributeError, KeyError, TypeError):
+        return None
 
 
 class CodeDeps:

@@ -16,6 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from pipeline.common.errors import DataError
+from pipeline.common.locks import LockWait
 from pipeline.sweep.plan import overlaps
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,8 @@ def locked_repo(root: Path, wait_s: float = LOCK_WAIT_S):
     from dvc.repo import Repo
 
     deadline = time.monotonic() + wait_s
+    wait = LockWait(root / ".dvc" / "tmp" / "lock", "DVC's repository lock",
+                    f"if no dvc command is running on {root}, delete it")
     while True:
         repo = Repo(str(root))
         try:
@@ -39,7 +42,7 @@ def locked_repo(root: Path, wait_s: float = LOCK_WAIT_S):
             repo.close()
             if time.monotonic() > deadline:
                 raise
-            log.info("%s: another DVC process holds the lock; waiting", root)
+            wait.report()  # at once, then every 30 s: which lock, who holds it, how to clear it
             time.sleep(2)
             continue
         try:

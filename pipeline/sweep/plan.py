@@ -1,10 +1,12 @@
 """The plan of a sweep: the chosen stages of a DVC pipeline, each with its command, working directory, the chosen
-stages it waits for, and the resources its kind needs. Written as JSON, it runs where DVC is not installed."""
+stages it waits for, and the resources its kind needs. Written as JSON, it runs where DVC is not installed; its run's
+outcome (sweep.json) is then recorded where DVC is (`record_outcome`)."""
 
 from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +14,8 @@ from pathlib import Path
 from pipeline.common.atomic import write_json
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.params import at_least, check_rules, dataclass_from_params
+
+log = logging.getLogger(__name__)
 
 PLAN_KEYS = {"stage", "name", "cmd", "wdir", "after", "cpus", "gpus"}
 
@@ -209,3 +213,43 @@ def refuse_unseen_changes(base: dict, params: dict, overrides, overlays, params_
         raise ParamError(f"{' '.join(options)}: change {changed}, which the stages would not see (each reads "
                          f"{params_file} itself, and dvc.lock records that file): set them there, or use "
                          "`dvc exp run -S`; here -S and --overlay set only sweep.*")
+
+
+STATUSES = ("done", "up to date", "failed", "blocked", "stopped")
+
+
+def read_outcome(path: Path) -> dict[str, dict]:
+    """A sweep's sweep.json, checked: its stages (name -> {stage, status, ...}); a bad one is an error naming the
+    file and what is wrong."""
+    try:
+        outcome = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: not a readable sweep.json (a sweep's outcome): {e}") from None
+    stages = outcome.get("stages") if isinstance(outcome, dict) else None
+    if not isinstance(stages, dict):
+        raise DataError(f"{path}: not a sweep's sweep.json: it needs a mapping 'stages' of stage name -> outcome")
+    for name, info in stages.items():
+        if not isinstance(info, dict):
+            raise DataError(f"{path}: stages.{name} is a {type(info).__name__}, not a mapping {{stage, status}}")
+        if not isinstance(info.get("stage"), str) or not info["stage"]:
+            raise DataError(f"{path}: stages.{name}.stage: missing or not a DVC stage address (text)")
+        if info.get("status") not in STATUSES:
+            raise DataError(f"{path}: stages.{name}.status is {info.get('status')!r}, not one of {list(STATUSES)}")
+        if not isinstance(info.get("fingerprint"), (str, type(None))):
+            raise DataError(f"{path}: stages.{name}.fingerprint is {info['fingerprint']!r}, not text")
+    return stages
+
+
+def record_outcome(record: Path, ledger) -> None:
+    """--record: the stages a --plan run finished, into dvc.lock, where each is still the stage its plan had (its
+    fingerprint); any other is refused by name, since its outputs follow from a command, params or inputs that are
+    no longer the stage's."""
+    stages = read_outcome(record)
+    done = {s["stage"]: s.get("fingerprint") for s in stages.values() if s["status"] == "done"}
+    refused = ledger.record(list(done), expected=done, planned=[s["stage"] for s in stages.values()])
+    log.info("recorded %d stages in dvc.lock", len(done) - len(refused))
+    if refused:
+        unmarked = [a for a in refused if done[a] is None]
+        raise DataError(f"{record}: not recorded, as their command, params or inputs changed since the plan was "
+                        f"written (or the plan has no fingerprint{': ' + ', '.join(unmarked) if unmarked else ''}): "
+                        f"{', '.join(refused)}; run them again (tokenunlearn sweep PIPELINE STAGES)")

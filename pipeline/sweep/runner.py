@@ -12,20 +12,20 @@ import contextlib
 import ctypes
 import ctypes.util
 import fnmatch
-import json
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.common.atomic import write_json
 from pipeline.common.errors import DataError, ParamError, TokenUnlearnError
-from pipeline.sweep.plan import check_acyclic
+from pipeline.sweep.plan import check_acyclic, read_outcome  # noqa: F401 - read_outcome: imported from here too
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,8 @@ DRIVER_ENV = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "HF_HOME", "HF_HUB_OFFLINE", 
               "TORCH_EXTENSIONS_DIR", "DS_ACCELERATOR")
 DRIVER_ENV_PREFIXES = ("TOKENUNLEARN_", "NCCL_")
 OK = ("done", "up to date")
+STOP_GRACE_S = 5.0  # a stopped stage's time between SIGTERM and SIGKILL
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 def driver_env() -> dict:
@@ -48,15 +50,59 @@ def _die_with_parent(sig: int) -> None:
         ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl(1, sig)  # 1: PR_SET_PDEATHSIG
 
 
+def _group_left(pgid: int, spare: set[int]) -> bool:
+    """Whether a live process but `spare` is in process group `pgid` (read from Linux's /proc; elsewhere: yes)."""
+    if not Path("/proc").is_dir():
+        return True
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):  # ended meanwhile
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+            if int(group) == pgid and state not in ("Z", "X") and int(stat.parent.name) not in spare:
+                return True
+    return False
+
+
+def end_group(pgid: int, spare: set[int]) -> None:
+    """SIGTERM to a stage's process group, then SIGKILL once nothing but `spare` (the caller: it dies with it) is
+    left in it, or after STOP_GRACE_S."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and _group_left(pgid, spare):
+            time.sleep(0.05)
+        os.killpg(pgid, signal.SIGKILL)
+
+
 def _supervise(cmd: str, parent: int) -> int:
     """A stage's first process (see `launch`), the leader of the stage's own process group: it runs the command in
-    a shell and, when the worker that launched it dies (SIGKILLed, or its node lost), ends the whole group, so no
-    orphan goes on writing an output while Ray retries the stage elsewhere. A shell's own children (`a && b`) would
-    not die with the shell, hence a group and this leader rather than a death signal on the shell alone."""
-    signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
+    a shell and, when the worker that launched it dies (SIGKILLed, or its node lost) or the group gets SIGTERM (the
+    stage cancelled), ends the whole group, so no orphan goes on writing an output while Ray retries the stage
+    elsewhere, or after the sweep stopped. A shell's own children (`a && b`) would not die with the shell, hence a
+    group and this leader rather than a death signal on the shell alone. Ray SIGKILLs a dying worker's children,
+    this leader among them, with no handler to run: then a sentinel, its child in the group, ends the rest, on the
+    end of a pipe only this leader holds (the command does not inherit it)."""
+    watch, held = os.pipe()
+    sentinel = os.fork()
+    if sentinel == 0:
+        try:
+            os.close(held)
+            for sig in (signal.SIGTERM, signal.SIGINT):  # the group's signals are for the stage, not for its watch
+                signal.signal(sig, signal.SIG_IGN)
+            while os.read(watch, 1):
+                pass
+            end_group(os.getpgid(0), {os.getpid()})
+        finally:
+            os._exit(0)
+    os.close(watch)
+
+    def stop(*_):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        end_group(os.getpgid(0), {os.getpid(), sentinel})
+
+    signal.signal(signal.SIGTERM, stop)
     _die_with_parent(signal.SIGTERM)
     if os.getppid() != parent:  # the worker died before the death signal was set
-        os.killpg(0, signal.SIGKILL)
+        stop()
     code = subprocess.call(cmd, shell=True)
     return code if code >= 0 else 128 - code  # killed by a signal: as a shell reports it
 
@@ -68,15 +114,29 @@ def launch(cmd: str, cwd: str, env: dict, out) -> subprocess.Popen:
                             start_new_session=True)
 
 
+def _ended(proc: subprocess.Popen) -> bool:
+    """Whether a launched stage's leader has ended, without reaping it (its id stays its group's until then)."""
+    if hasattr(os, "waitid"):
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None
+    return proc.poll() is not None
+
+
 def wait_and_end_group(proc: subprocess.Popen) -> int:
     """Wait for a launched stage, then end whatever of its process group is left (a background process it left
-    behind); if the wait is cut short (the task cancelled or failing), end all of it. The group is killed while
-    its leader is not yet reaped, so its id cannot be some other process's by then."""
+    behind). If the wait is cut short (the task cancelled: Ray raises KeyboardInterrupt in it, which only a wait
+    that wakes up takes, hence the polling), end all of it: SIGTERM, then SIGKILL after STOP_GRACE_S (its leader
+    does: see `_supervise`). The group is killed while its leader is not yet reaped, so its id cannot be some other
+    process's by then."""
     try:
-        if hasattr(os, "waitid"):
-            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
-        else:
-            proc.wait()
+        while not _ended(proc):
+            time.sleep(0.2)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S + 2
+        while time.monotonic() < deadline and not _ended(proc):
+            time.sleep(0.05)
+        raise
     finally:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -86,7 +146,7 @@ def wait_and_end_group(proc: subprocess.Popen) -> int:
 
 def run_command(cmd: str, cwd: str, env: dict, log_path: str, threads: int) -> dict:
     """One stage, inside its Ray task: the command in a shell, its output in its log. Returns the exit code, the
-    seconds it ran and where. Cancelled (Ctrl-C at the driver), it ends the command's whole process group.
+    seconds it ran and where. Cancelled (the driver stopped), it ends the command's whole process group.
 
     The log is appended to: a retry of the task (Ray reruns it when its worker dies) adds to the same run's log;
     the driver removed the previous run's before submitting the stage."""
@@ -130,31 +190,6 @@ def one_sweep_at_a_time(root: Path, log_dir: Path):
             stack.enter_context(_flock(root / ".dvc" / "tmp" / "sweep.lock", str(root)))
         stack.enter_context(_flock(log_dir / ".sweep.lock", str(log_dir)))
         yield
-
-
-STATUSES = ("done", "up to date", "failed", "blocked")
-
-
-def read_outcome(path: Path) -> dict[str, dict]:
-    """A sweep's sweep.json, checked: its stages (name -> {stage, status, ...}); a bad one is an error naming the
-    file and what is wrong."""
-    try:
-        outcome = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path}: not a readable sweep.json (a sweep's outcome): {e}") from None
-    stages = outcome.get("stages") if isinstance(outcome, dict) else None
-    if not isinstance(stages, dict):
-        raise DataError(f"{path}: not a sweep's sweep.json: it needs a mapping 'stages' of stage name -> outcome")
-    for name, info in stages.items():
-        if not isinstance(info, dict):
-            raise DataError(f"{path}: stages.{name} is a {type(info).__name__}, not a mapping {{stage, status}}")
-        if not isinstance(info.get("stage"), str) or not info["stage"]:
-            raise DataError(f"{path}: stages.{name}.stage: missing or not a DVC stage address (text)")
-        if info.get("status") not in STATUSES:
-            raise DataError(f"{path}: stages.{name}.status is {info.get('status')!r}, not one of {list(STATUSES)}")
-        if not isinstance(info.get("fingerprint"), (str, type(None))):
-            raise DataError(f"{path}: stages.{name}.fingerprint is {info['fingerprint']!r}, not text")
-    return stages
 
 
 @dataclass
@@ -215,10 +250,43 @@ def _record(ledger, succeeded: list[tuple[dict, dict]]) -> list[tuple[tuple[dict
         return results
 
 
+class SweepStopped(TokenUnlearnError):
+    """The driver was stopped (SIGINT, SIGTERM, SIGHUP): it ended the stages running and recorded none of them."""
+
+
+def _catch_stops(caught: list):
+    """SIGINT, SIGTERM, SIGHUP while the driver runs: the first goes in `caught`, for the loop to stop where it waits
+    (never amid a record in dvc.lock); a second stops it at once (a DVC lock held elsewhere can keep it from its next
+    wait for minutes). Set after `ray.init`, whose own SIGTERM handler exits at once. Returns what sets them back."""
+    def on_signal(signum, frame):
+        caught.append(signum)
+        log.warning("%s: stopping the sweep and the stages it runs", signal.Signals(signum).name)
+        if len(caught) == 2:
+            raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():  # only there can Python take a signal
+        return lambda: None
+    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    return lambda: [signal.signal(s, handler) for s, handler in previous.items()]
+
+
+def _cancel(refs: list) -> None:
+    """End the stages running, and wait for them, so that none outlives the driver: each task ends its command's
+    group (SIGTERM, then SIGKILL after STOP_GRACE_S); a task late to end has its worker killed (see `_supervise`)."""
+    import ray
+
+    for force in (False, True):
+        for ref in refs:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.cancel(ref, force=force)
+        refs = ray.wait(refs, num_returns=len(refs), timeout=STOP_GRACE_S + 10)[1] if refs else []
+
+
 def run_sweep(plan: list[dict], root: Path, log_dir: Path, *, address: str | None = None, workers: int | None = None,
               first: tuple = (), ledger=None, force: bool = False) -> SweepResult:
     """Run `plan`; with a `ledger` (DVC), skip each stage it has up to date (unless `force`) and record each one
-    that ran, as it ends. Logs in `log_dir/STAGE.log`, the outcome in `log_dir/sweep.json`."""
+    that ran, as it ends. Logs in `log_dir/STAGE.log`, the outcome in `log_dir/sweep.json`. Stopped (SIGINT,
+    SIGTERM, SIGHUP), it ends the stages running, records none of them, and raises SweepStopped."""
     root, log_dir = Path(root).resolve(), Path(log_dir).resolve()
     check_acyclic(plan, "sweep plan")
     with one_sweep_at_a_time(root, log_dir):
@@ -230,6 +298,8 @@ def _run(plan, root, log_dir, address, workers, first, ledger, force) -> SweepRe
 
     started = connect(address, workers)
     result, t0 = SweepResult(), time.perf_counter()
+    caught: list = []  # the signals that stop the sweep
+    restore = _catch_stops(caught)
     try:
         check_feasible(plan)
         task = ray.remote(run_command)
@@ -242,12 +312,33 @@ def _run(plan, root, log_dir, address, workers, first, ledger, force) -> SweepRe
             # its fingerprint (where the plan has one) goes on to --record, which checks the stage is still this one
             kept = {"fingerprint": entry["fingerprint"]} if "fingerprint" in entry else {}
             result.stages[entry["name"]] = {"stage": entry["stage"], "status": status, **info, **kept}
-            (log.error if status in ("failed", "blocked") else log.info)(
-                "%s: %s%s%s", entry["name"], status, f" in {info['seconds']:.0f} s" if "seconds" in info else "",
-                f": {info['error']}" if status == "failed" and "error" in info else "")
+            log.log({"failed": logging.ERROR, "blocked": logging.ERROR, "stopped": logging.WARNING}.get(
+                status, logging.INFO), "%s: %s%s%s", entry["name"], status,
+                f" in {info['seconds']:.0f} s" if "seconds" in info else "",
+                f": {info['error']}" if status in ("failed", "stopped") and "error" in info else "")
+
+        def collect(ended, stopped_by=None) -> list:
+            """Settle the stages whose tasks ended, but those that ended well: returned, to be recorded. Stopping,
+            a task that did not return (cancelled, its worker gone) is a stage stopped."""
+            succeeded = []
+            for ref in ended:
+                entry = running.pop(ref)
+                try:
+                    out = ray.get(ref, timeout=5)  # it has ended (or been cancelled, and waited for)
+                except ray.exceptions.RayError as e:  # the worker or its node died; or the task was cancelled
+                    if stopped_by:
+                        settle(entry, "stopped", error=f"its command was ended ({stopped_by}); nothing recorded")
+                    else:
+                        settle(entry, "failed", error=str(e).splitlines()[0])
+                    continue
+                if out["code"] != 0:
+                    settle(entry, "failed", **out, error=f"exit {out['code']}, log {log_dir / entry['name']}.log")
+                else:
+                    succeeded.append((entry, out))
+            return succeeded
 
         try:
-            while pending or running:
+            while (pending or running) and not caught:
                 progressed = False
                 for entry in list(pending.values()):
                     states = [result.stages[a]["status"] for a in entry["after"] if a in result.stages]
@@ -259,6 +350,8 @@ def _run(plan, root, log_dir, address, workers, first, ledger, force) -> SweepRe
                 ready.sort(key=lambda e: (not any(fnmatch.fnmatchcase(e["name"], f) for f in first),
                                           -waited_on[e["name"]]))
                 stale = None if ledger is None or force or not ready else ledger.stale([e["stage"] for e in ready])
+                if caught:  # stopped while DVC was asked: start nothing more
+                    break
                 for entry in ready:
                     del pending[entry["name"]]
                     progressed = True
@@ -275,47 +368,31 @@ def _run(plan, root, log_dir, address, workers, first, ledger, force) -> SweepRe
                     continue
                 if not running:  # stages left that can never start (check_acyclic refuses such a plan)
                     raise DataError(f"sweep plan: {sorted(pending)} wait on each other; none can start")
-                ray.wait(list(running), num_returns=1)  # then every stage that has ended by now: one record for all
+                # then every stage that has ended by now: one record for all; waits of a second, to see a stop
+                if not ray.wait(list(running), num_returns=1, timeout=1.0)[0]:
+                    continue
                 ended, _ = ray.wait(list(running), num_returns=len(running), timeout=0)
-                succeeded = []
-                for ref in ended:
-                    entry = running.pop(ref)
-                    try:
-                        out = ray.get(ref)
-                    except ray.exceptions.RayError as e:  # the worker or its node died
-                        settle(entry, "failed", error=str(e).splitlines()[0])
-                        continue
-                    if out["code"] != 0:
-                        settle(entry, "failed", **out, error=f"exit {out['code']}, log {log_dir / entry['name']}.log")
-                    else:
-                        succeeded.append((entry, out))
-                for (entry, out), error in _record(ledger, succeeded):
+                for (entry, out), error in _record(ledger, collect(ended)):
                     settle(entry, "failed" if error else "done", **out, **({"error": error} if error else {}))
-        except KeyboardInterrupt:
-            for ref in running:
-                ray.cancel(ref)
-            raise
+        except KeyboardInterrupt:  # a second signal, or Ctrl-C where no handler of ours was set
+            caught.append(signal.SIGINT)
+        if caught and (running or pending):  # (else it stopped as it ended anyway)
+            name = signal.Signals(caught[0]).name
+            _cancel(list(running))
+            for (entry, out), error in _record(ledger, collect(list(running), stopped_by=name)):
+                settle(entry, "failed" if error else "done", **out, **({"error": error} if error else {}))
+            resume = ("the stages that finished are recorded in dvc.lock: rerun the same command to run the rest"
+                      if ledger is not None else f"the stages that finished are in {log_dir / 'sweep.json'} "
+                      "(--record records them): rerun the same command to run the plan again")
+            raise SweepStopped(f"sweep stopped by {name}: the running stages were ended, nothing recorded for "
+                               f"them ({', '.join(result.named('stopped')) or 'none'}); {resume}")
     finally:
+        restore()
         result.seconds = round(time.perf_counter() - t0, 2)
         write_json(log_dir / "sweep.json", {"seconds": result.seconds, "stages": result.stages})
         if started:
             ray.shutdown()
     return result
-
-
-def record_outcome(record: Path, ledger) -> None:
-    """--record: the stages a --plan run finished, into dvc.lock, where each is still the stage its plan had (its
-    fingerprint); any other is refused by name, since its outputs follow from a command, params or inputs that are
-    no longer the stage's."""
-    stages = read_outcome(record)
-    done = {s["stage"]: s.get("fingerprint") for s in stages.values() if s["status"] == "done"}
-    refused = ledger.record(list(done), expected=done, planned=[s["stage"] for s in stages.values()])
-    log.info("recorded %d stages in dvc.lock", len(done) - len(refused))
-    if refused:
-        unmarked = [a for a in refused if done[a] is None]
-        raise DataError(f"{record}: not recorded, as their command, params or inputs changed since the plan was "
-                        f"written (or the plan has no fingerprint{': ' + ', '.join(unmarked) if unmarked else ''}): "
-                        f"{', '.join(refused)}; run them again (tokenunlearn sweep PIPELINE STAGES)")
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--supervise"]:  # a stage's first process: see `launch`

@@ -22,6 +22,10 @@ class CheckpointRefused(TokenUnlearnError):
     """A checkpoint file holds something other than weights and plain training state."""
 
 
+class CheckpointUnreadable(TokenUnlearnError):
+    """No checkpoint of a run's directory can be read (their files cut short)."""
+
+
 def _checkpoint_globals() -> list:
     """The only classes a DeepSpeed checkpoint may hold besides tensors and containers (found by saving ZeRO 0-3
     checkpoints in fp32 and bf16): plain records that run no code when loaded."""
@@ -67,11 +71,26 @@ def matching_checkpoint(ckpt_dir: Path, run_fingerprint: str) -> bool:
         log.info("no checkpoint in %s: starting from step 0", ckpt_dir)
         return False
     meta = ckpt_dir / "run.json"
-    if not meta.is_file() or json.loads(meta.read_text()).get("fingerprint") != run_fingerprint:
+    try:  # a record cut short by a kill, or edited, is no proof the checkpoint is this run's
+        recorded = json.loads(meta.read_text()).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if recorded != run_fingerprint:
         log.warning("the checkpoint in %s belongs to another run (other params or data): starting from step 0",
                     ckpt_dir)
         return False
     return True
+
+
+def checkpoint_tags(ckpt_dir: Path) -> list[str]:
+    """The checkpoints to try on resume: the latest, then the earlier ones, newest first (a kill mid-save can leave
+    the latest cut short; the ones before it are whole)."""
+    def step(tag: str) -> int:
+        return int(tag[4:]) if tag.startswith("step") and tag[4:].isdigit() else -1
+
+    latest = (ckpt_dir / "latest").read_text().strip()
+    return [latest] + sorted((p.name for p in ckpt_dir.glob("step*") if p.is_dir() and step(p.name) < step(latest)),
+                             key=step, reverse=True)
 
 
 def clear_checkpoints(ckpt_dir: Path) -> None:

@@ -22,9 +22,11 @@ import torch
 from pipeline.common.distributed import deepspeed_module, is_main_process
 from pipeline.common.errors import TokenUnlearnError
 from pipeline.common.errors import ParamError
-from pipeline.common.params import at_least, between, check_rules, dataclass_from_params, one_of, positive
+from pipeline.common.params import (LEARNING_RATE, at_least, between, check_rules, dataclass_from_params, one_of,
+                                    positive)
 from pipeline.common.progress import progress
-from pipeline.training.checkpoints import WeightsOnlyLoading, clear_checkpoints, matching_checkpoint
+from pipeline.training.checkpoints import (CheckpointRefused, CheckpointUnreadable, WeightsOnlyLoading, checkpoint_tags,
+                                          clear_checkpoints, matching_checkpoint)
 from pipeline.training.lora import LoraSpec, apply_lora, is_adapter_param, is_peft
 
 log = logging.getLogger(__name__)
@@ -53,7 +55,7 @@ class TrainConfig:
     lora: dict = field(default_factory=dict, metadata={"types": (dict,)})  # LoRA adapters (lora.LoraSpec); null: off
 
     RULES = {
-        "epochs": positive(), "max_steps": at_least(0), "lr": between(0, 1, lo_open=True, hi_open=True),
+        "epochs": positive(), "max_steps": at_least(0), "lr": LEARNING_RATE,
         "micro_batch_size": at_least(1), "grad_accum": at_least(1), "warmup_ratio": between(0, 1, hi_open=True),
         "warmup_steps": at_least(0), "schedule": one_of(["linear", "constant"]), "weight_decay": at_least(0),
         "clip": at_least(0), "zero_stage": one_of([0, 1, 2, 3]), "precision": one_of(["auto", "fp32", "bf16"]),
@@ -263,11 +265,26 @@ class Engine:
                                     client_state={**client_state, "step": step, "rng": rng})
 
     def load_checkpoint(self, ckpt_dir: Path) -> dict | None:
+        """The latest checkpoint's client state, its weights and optimizer loaded; where its files are damaged (a
+        kill or a full disk mid-save), the one before it, with a warning; an error with the fix when none loads."""
         if not (ckpt_dir / "latest").is_file():
             return None
-        path, client_state = self.engine.load_checkpoint(str(ckpt_dir))
-        if path is None:
-            return None
+        failures = []
+        for tag in checkpoint_tags(ckpt_dir):
+            try:
+                path, client_state = self.engine.load_checkpoint(str(ckpt_dir), tag=tag)
+            except CheckpointRefused:
+                raise
+            except (RuntimeError, EOFError, OSError, ValueError, KeyError) as e:  # torch's reader on a cut file
+                failures.append(f"{tag}: {(str(e).strip().splitlines() or [type(e).__name__])[0][:160]}")
+                log.warning("checkpoint %s cannot be read (%s): trying the one before it", ckpt_dir / tag,
+                            failures[-1])
+                continue
+            if path is not None:
+                break
+        else:
+            raise CheckpointUnreadable(f"{ckpt_dir}: no checkpoint there can be read ({'; '.join(failures)}); "
+                                       "delete the directory, or run with --no-resume, to start from step 0")
         rng = client_state.get("rng") or {}
         if "cpu" in rng:
             torch.set_rng_state(rng["cpu"])

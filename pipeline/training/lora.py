@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from pipeline.common.errors import ParamError
+from pipeline.common.errors import ParamError, TokenUnlearnError
 from pipeline.common.adapters import ADAPTER_NOTE, unwrap_adapters
 from pipeline.common.modeling import model_hash, write_model
 from pipeline.common.params import at_least, between, check_rules, dataclass_from_params, one_of, positive
@@ -56,13 +56,27 @@ class LoraSpec:
                 not targets or not all(isinstance(t, str) and t for t in targets)):
             raise ParamError(f"{where}.target_modules={targets!r}: expected 'all-linear', a module name pattern or "
                              "a non-empty list of module names (q_proj, v_proj, ...)")
+        require_peft()  # with the params, not at the first step
         return spec
 
     def peft_config(self):
+        require_peft()
         from peft import LoraConfig
 
         return LoraConfig(r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout, bias="none",
                           target_modules=self.target_modules, task_type="CAUSAL_LM")
+
+
+def require_peft() -> None:
+    """PEFT imported, or one line naming what is wrong: not installed, or its import guard refusing this environment
+    (a transformers or torch version it does not support raises at import, ImportError or not)."""
+    try:
+        import peft  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any failure of the import is the environment's, reported as such
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise TokenUnlearnError(f"train.lora needs PEFT, and `import peft` failed ({type(e).__name__}: {reason}); "
+                                "install the version pyproject.toml pins (pip install -e .), or set train.lora: null"
+                                ) from None
 
 
 def is_peft(model) -> bool:
@@ -77,6 +91,7 @@ def is_adapter_param(name: str) -> bool:
 def apply_lora(model, spec: LoraSpec, where: str = "lora"):
     """Wrap `model` in a PEFT model with fresh adapters (A random from the current seed, B = 0: the wrapped model
     computes exactly what the base does until it trains); the base parameters are frozen."""
+    require_peft()
     from peft import get_peft_model
     from peft.tuners.lora import Linear as LoraLinear
     from peft.tuners.lora import LoraLayer

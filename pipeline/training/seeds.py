@@ -55,7 +55,8 @@ def remove_other_seeds(kept: dict[str, str], dirs: list[Path]) -> None:
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
-def _recorded_fingerprint(record: Path) -> str | None:
+def recorded_fingerprint(record: Path) -> str | None:
+    """The fingerprint a seed's record holds; None where the record is missing, cut short or edited (not this run's)."""
     try:
         return json.loads(record.read_text()).get("fingerprint")
     except (OSError, ValueError, AttributeError):
@@ -79,7 +80,7 @@ def earlier_seeds(name, cfg, train, model_path, manifest, reference_dir, monitor
             continue
         seed = int(key)
         now = seed_fingerprint(name, cfg, replace(train, seed=seed), model_path, manifest, reference_dir, selection)
-        if recorded == now == _recorded_fingerprint(seed_dir(out_dir, seed) / SEED_RECORD):
+        if recorded == now == recorded_fingerprint(seed_dir(out_dir, seed) / SEED_RECORD):
             kept[str(seed)] = recorded
         else:
             dropped.append(seed)

@@ -13,7 +13,6 @@ method's token losses with ω (`reduction`: per sample, or over the batch's toke
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -43,7 +42,8 @@ from pipeline.training.methods import METHODS, ForwardOut, Prepared
 from pipeline.training.monitor_hook import EVAL_PREFIX, MonitorFactory, Watch
 from pipeline.training.retain_terms import ADAPTERS_OFF, RETAIN_LOSSES, retain_nll_at_start
 from pipeline.training.run_config import UnlearnConfig, params_used, run_configs, run_spec
-from pipeline.training.seeds import check_seeds, earlier_seeds, remove_other_seeds, seed_fingerprint
+from pipeline.training.seeds import (check_seeds, earlier_seeds, recorded_fingerprint, remove_other_seeds,
+                                     seed_fingerprint)
 
 # The loop's entry points, and, re-exported, what other code and tests imported from here before the split
 __all__ = ["METHODS", "RETAIN_LOSSES", "UnlearnConfig", "check_seeds", "load_retain", "make_loss_fn", "params_used",
@@ -166,8 +166,7 @@ def run_unlearn_seeds(name: str, cfg: UnlearnConfig, train: TrainConfig, data: D
                                                    selection)
         record = seed_dir(out_dir, seed) / SEED_RECORD
         curves = [plots_dir / f"seed{seed}.csv"] + ([monitor_dir / f"seed{seed}.csv"] if monitor_dir else [])
-        if resume and record.is_file() and json.loads(record.read_text()).get("fingerprint") == \
-                fingerprints[str(seed)] and all(c.is_file() for c in curves):
+        if resume and recorded_fingerprint(record) == fingerprints[str(seed)] and all(c.is_file() for c in curves):
             log.info("unlearn %s seed %d: already finished with these params (%s), skipped", name, seed, record)
             summaries.append({"name": name, "seed": seed, "skipped": True})
             continue

@@ -134,9 +134,15 @@ def test_each_request_starts_from_the_model_the_request_before_left():
                                          r"from the model after request 2, 'npo_r2'"):
         muse_report.chain_order(["npo", "t_npo"], wrong, 4)
     with pytest.raises(ParamError, match="run npo has 0 entries for request 4"):
-        muse_report.chain_order(["npo"], {k: v for k, v in chain.items() if k != "npo_r4"}, 4)
-    with pytest.raises(ParamError, match=r"\['t_npo_r2', 't_npo_r3', 't_npo_r4'\] belong to no run"):
+        muse_report.chain_order(["npo", "t_npo"], {k: v for k, v in chain.items() if k != "npo_r4"}, 4)
+    with pytest.raises(ParamError, match=r"sequential.chain.t_npo_r2.run='t_npo': not a run of sequential.runs"):
         muse_report.chain_order(["npo"], chain, 4)
+    # a chain that starts at request 1 is told so, not blamed on a missing run
+    with pytest.raises(ParamError, match=r"sequential.chain.npo_r1.request=1: request 1 of every run is RUN_n1"):
+        muse_report.chain_order(["npo"], {"npo_r1": {"run": "npo", "request": 1, "after": "target"}, **chain}, 4)
+    with pytest.raises(ParamError, match=r"sequential.chain.npo_r5.request=5: a request from 2 to 4"):
+        muse_report.chain_order(["npo", "t_npo"], {**chain, "npo_r5": {"run": "npo", "request": 5, "after": "npo_r4"}},
+                                4)
 
 
 def test_the_sequential_pipelines_chain_and_dvc_yaml_pass_each_model_on():

@@ -94,6 +94,32 @@ def test_a_killed_run_resumed_ends_with_the_same_weights(micro_world_dir, micro_
     assert not (tmp_path / "resumed" / "ckpt").exists()  # checkpoints are dropped after success
 
 
+def test_a_cut_checkpoint_falls_back_to_the_one_before_it_and_none_readable_says_how_to_start_over(
+        micro_world_dir, micro_tokenizer_dir, tmp_path):
+    from pipeline.training.checkpoints import CheckpointUnreadable
+
+    params = micro_params(micro_world_dir, micro_tokenizer_dir, checkpoint_every=2, epochs=2)
+    full_curve, full_weights = _finetune(params, tmp_path, "uninterrupted")
+    with killed_at_step(6):  # checkpoints at steps 2 and 4
+        _finetune(params, tmp_path, "resumed")
+    ckpt = tmp_path / "resumed" / "ckpt"
+    assert (ckpt / "latest").read_text().strip() == "step4"
+    kept = {f: f.read_bytes() for f in (ckpt / "step2").rglob("*.pt")}
+    for f in (ckpt / "step4").rglob("*model_states.pt"):  # a kill mid-save: the file cut short
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    curve, weights = _finetune(params, tmp_path, "resumed", resume=True)  # from step 2, to the same end
+    assert curve == full_curve
+    for name in weights:
+        assert torch.equal(weights[name], full_weights[name]), name
+    with killed_at_step(3):  # again, then every checkpoint cut: the error names the directory and the fix
+        _finetune(params, tmp_path, "again")
+    for f in (tmp_path / "again" / "ckpt").rglob("*model_states.pt"):
+        f.write_bytes(b"")
+    with pytest.raises(CheckpointUnreadable, match=r"again/ckpt: no checkpoint there can be read .*--no-resume"):
+        _finetune(params, tmp_path, "again", resume=True)
+    assert kept  # step 2 was there to fall back on
+
+
 @pytest.mark.slow
 def test_two_processes_zero3_match_one_process(micro_world_dir, micro_tokenizer_dir, tmp_path):
     # Two processes with one micro-batch each see, per step, the samples one process sees in two.

@@ -46,7 +46,7 @@ def test_lora_params_are_checked_key_by_key():
     assert cfg.lora_spec == LoraSpec(r=8) and cfg.lora == {"r": 8, "alpha": 32.0, "dropout": 0.0,
                                                           "target_modules": "all-linear", "save": "merged"}
     bad = [({"rank": 8}, r"^t.lora.rank: unknown parameter"),
-           ({"r": 0}, r"^t.lora.r=0: must be at least 1$"),
+           ({"r": 0}, r"^t.lora.r=0: must be at least 1 and finite$"),
            ({"r": 4.5}, r"^t.lora.r=4.5: expected int$"),
            ({"alpha": -1}, r"^t.lora.alpha=-1: must be"),
            ({"dropout": 1.0}, r"^t.lora.dropout=1.0: must be in \[0, 1\)$"),
@@ -61,7 +61,7 @@ def test_lora_params_are_checked_key_by_key():
     # Through the stage's params: the key where the value was set.
     params = {"unlearn": {"train": {**TRAIN, "lora": LORA}, "defaults": {},
                           "runs": {"ga": {"method": "ga", "train": {"lora": {"r": -2}}}, "ok": {"method": "npo"}}}}
-    with pytest.raises(ParamError, match=r"^unlearn.runs.ga.train.lora.r=-2: must be at least 1$"):
+    with pytest.raises(ParamError, match=r"^unlearn.runs.ga.train.lora.r=-2: must be at least 1 and finite$"):
         run_configs(params, "ga")
     assert run_configs(params, "ok")[1].lora_spec == LoraSpec(**LORA)
     with pytest.raises(ParamError, match=r"t.lora.target_modules=\['nope'\]: .*not found"):
@@ -286,3 +286,22 @@ def test_unlearning_with_activation_checkpointing_ends_where_it_does_without(att
     plain, recomputed = load_weights(runs[False]), load_weights(runs[True])
     for name in plain:
         assert torch.allclose(recomputed[name], plain[name], rtol=1e-5, atol=1e-7), name
+
+
+def test_peft_that_cannot_be_imported_is_one_line_when_the_params_ask_for_lora(monkeypatch):
+    import builtins
+
+    from pipeline.common.errors import TokenUnlearnError
+
+    real_import = builtins.__import__
+
+    def guarded(name, *args, **kwargs):  # PEFT's own guard: it raises at import in an environment it refuses
+        if name == "peft" or name.startswith("peft."):
+            raise RuntimeError("peft requires transformers>=9.0\nmore lines")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", guarded)
+    with pytest.raises(TokenUnlearnError, match=r"^train.lora needs PEFT, and `import peft` failed \(RuntimeError: "
+                                                r"peft requires transformers>=9.0\); install"):
+        TrainConfig.from_params({"lora": {"r": 4}}, "t")
+    assert TrainConfig.from_params({}, "t").lora_spec is None  # no LoRA asked for: PEFT is never imported

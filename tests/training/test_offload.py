@@ -1,24 +1,32 @@
 """ZeRO-3 with the parameters and the optimizer state offloaded to CPU memory (DeepSpeed's CPU Adam steps them):
 two processes end where one does, and where plain ZeRO-0 with torch's AdamW does."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import yaml
 
 from pipeline.training.finetune import job_from_params, run_finetune
 
-from tests.conftest import killed_at_step, load_weights, micro_params, read_curve, run_two_processes
+from tests.conftest import cli_env, killed_at_step, load_weights, micro_params, read_curve, run_two_processes
 
 pytestmark = pytest.mark.slow  # ZeRO-3 offload, on two processes (torchrun) too
 
 OFFLOAD = {"zero_stage": 3, "offload_optimizer": True, "offload_params": True}
 TRAIN = {"max_steps": 6, "micro_batch_size": 2}
 # Tolerances: fp32 throughout, so two processes differ from one only in the order of sums (two micro-batches
-# accumulated in one process, reduce-scattered between two): measured 7.5e-9 at most on the weights. The CPU Adam
-# against torch's AdamW also rounds its update differently (measured 1.4e-6 at most, where a weight's Adam ratio
-# m/√v is ill-conditioned). Both are far below what a wrong partition, a lost gradient or a skipped step gives: each
-# moves a weight by about lr = 3e-3.
-RTOL, ATOL = 1e-5, 1e-6        # two processes against one
+# accumulated in one process, reduce-scattered between two: a two-term sum, exact either way; the clipping norm's
+# squares summed per partition, then across them). Against one process launched as the two are (the CLI, which pins
+# the CPU kernels before torch loads): bit-equal weights in every run measured; RTOL, ATOL leave room for an
+# ulp-level change of the clipping coefficient (an ulp of the largest weight, 0.08, is 7.5e-9; 6 steps of a few).
+# Not against a run inside pytest, whose torch was loaded unpinned: on an AVX-512 machine its kernels round
+# differently from the CLI's AVX2 ones, and one weight in 33k, whose Adam ratio m/√v is ill-conditioned, moved by
+# 2.3e-6 (every other one by less than 1e-7). The CPU Adam against torch's AdamW also rounds its update differently
+# (measured 1.4e-6 at most, on such a weight). All are far below what a wrong partition, a lost gradient or a
+# skipped step gives: each moves a weight by about lr = 3e-3.
+RTOL, ATOL = 1e-5, 1e-6        # two processes against one, on the same CPU kernels
 ATOL_ADAM = 1e-5               # DeepSpeed's CPU Adam against torch's AdamW
 
 
@@ -27,6 +35,18 @@ def _one_process(params: dict, tmp_path, tag: str):
     out = tmp_path / tag
     run_finetune(job, out / "model", out / "ckpt", out / "loss.csv", False)
     return read_curve(out / "loss.csv"), out / "model"
+
+
+def _cli_finetune(params_file, out, nproc: int) -> None:
+    """`finetune m` through the CLI on `nproc` (1 or 2) processes."""
+    args = ["finetune", "m", "--params", str(params_file), "--out", str(out / "model"), "--checkpoints",
+            str(out / "ckpt"), "--plot", str(out / "loss.csv")]
+    if nproc == 2:
+        proc = run_two_processes(args)
+    else:
+        proc = subprocess.run([sys.executable, "-m", "stages", *args], env={**cli_env(), "OMP_NUM_THREADS": "1"},
+                              capture_output=True, text=True, timeout=600, start_new_session=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_zero3_offload_on_two_processes_ends_where_one_process_does(micro_world_dir, micro_tokenizer_dir, tmp_path,
@@ -54,18 +74,24 @@ def test_zero3_offload_on_two_processes_ends_where_one_process_does(micro_world_
     assert one_curve == pytest.approx(plain_curve, rel=RTOL)  # offloading changes where, not what
     assert plain_curve[-1] < plain_curve[0]
 
-    params_file = tmp_path / "params.yaml"
-    params_file.write_text(yaml.safe_dump(micro_params(micro_world_dir, micro_tokenizer_dir, **OFFLOAD, **TRAIN)))
-    out = tmp_path / "two"
-    proc = run_two_processes(["finetune", "m", "--params", str(params_file), "--out", str(out / "model"),
-                              "--checkpoints", str(out / "ckpt"), "--plot", str(out / "loss.csv")])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert read_curve(out / "loss.csv") == pytest.approx(one_curve, rel=RTOL)
-    two = load_weights(out / "model")
-    assert two.keys() == one.keys() == plain.keys()
+    assert one.keys() == plain.keys()
     for name in one:
-        assert torch.allclose(two[name], one[name], rtol=RTOL, atol=ATOL), name
         assert torch.allclose(one[name], plain[name], rtol=RTOL, atol=ATOL_ADAM), name
+
+    # Two processes against one, both through the CLI (the same CPU kernels): only the process count differs.
+    for nproc, grad_accum in ((1, 2), (2, 1)):
+        params_file = tmp_path / f"params{nproc}.yaml"
+        params_file.write_text(yaml.safe_dump(micro_params(micro_world_dir, micro_tokenizer_dir, grad_accum=grad_accum,
+                                                           **OFFLOAD, **TRAIN)))
+        _cli_finetune(params_file, tmp_path / f"cli{nproc}", nproc)
+    cli_one, two = load_weights(tmp_path / "cli1" / "model"), load_weights(tmp_path / "cli2" / "model")
+    assert read_curve(tmp_path / "cli2" / "loss.csv") == pytest.approx(read_curve(tmp_path / "cli1" / "loss.csv"),
+                                                                      rel=RTOL)
+    assert read_curve(tmp_path / "cli1" / "loss.csv") == pytest.approx(one_curve, rel=RTOL)
+    assert two.keys() == cli_one.keys() == one.keys()
+    for name in one:
+        assert torch.allclose(two[name], cli_one[name], rtol=RTOL, atol=ATOL), name
+        assert torch.allclose(cli_one[name], one[name], rtol=RTOL, atol=ATOL_ADAM), name  # the kernels' rounding
 
 
 def test_everything_that_saves_memory_at_once(micro_world_dir, micro_tokenizer_dir, micro_model_dir, tmp_path):

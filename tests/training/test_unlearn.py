@@ -177,10 +177,10 @@ def test_every_method_module_declares_what_the_loop_needs():
 
 
 @pytest.mark.parametrize("values, message", [
-    ({"method": "npo", "beta": 0}, r"^u.beta=0: must be positive$"),
-    ({"method": "ga", "beta": -1.0}, r"^u.beta=-1.0: must be positive$"),  # another method's key is checked too
+    ({"method": "npo", "beta": 0}, r"^u.beta=0: must be positive and finite$"),
+    ({"method": "ga", "beta": -1.0}, r"^u.beta=-1.0: must be positive and finite$"),  # another method's key is checked too
     ({"method": "wga", "gamma": "big"}, r"^u.gamma='big': expected float$"),
-    ({"method": "rmu", "rmu_steer": -6.5}, r"^u.rmu_steer=-6.5: must be positive$"),
+    ({"method": "rmu", "rmu_steer": -6.5}, r"^u.rmu_steer=-6.5: must be positive and finite$"),
     ({"method": "rmu", "rmu_update_layers": [0, -1]},
      r"^u.rmu_update_layers=\[0, -1\]: must be a list of decoder layer indices \(integers ≥ 0\)$"),
     ({"method": "npo", "bta": 0.1}, r"^u.bta: unknown parameter \(known: \['alpha', 'beta', "),
@@ -190,10 +190,12 @@ def test_every_method_module_declares_what_the_loop_needs():
     ({"method": "simnpo", "weighting": "soft", "reduction": "token"},
      r"^u.reduction='token': simnpo is a loss of whole sequences under every weighting \(ω enters each sample's "
      r"weighted mean\), one value per sample, with no token losses to pool; use reduction: sample$"),
-    ({"method": "simnpo", "beta": 0}, r"^u.beta=0: must be positive$"),
-    ({"method": "simnpo", "delta": -1.0}, r"^u.delta=-1.0: must be at least 0$"),
-    ({"method": "satimp", "beta1": -1.0}, r"^u.beta1=-1.0: must be at least 0$"),
-    ({"method": "idkdpo", "beta": 0}, r"^u.beta=0: must be positive$"),
+    ({"method": "simnpo", "beta": 0}, r"^u.beta=0: must be positive and finite$"),
+    ({"method": "simnpo", "delta": -1.0}, r"^u.delta=-1.0: must be at least 0 and finite$"),
+    ({"method": "satimp", "beta1": -1.0}, r"^u.beta1=-1.0: must be at least 0 and finite$"),
+    ({"method": "idkdpo", "beta": 0}, r"^u.beta=0: must be positive and finite$"),
+    ({"method": "altpo", "beta": float("inf")}, r"^u.beta=inf: must be positive and finite$"),  # not at step 1
+    ({"method": "simnpo", "delta": float("nan")}, r"^u.delta=nan: must be at least 0 and finite$"),
     ({"method": "altpo", "weighting": "hard", "reduction": "token"},
      r"^u.reduction='token': altpo is a loss of whole sequences under every weighting"),
     ({"method": "idknll", "weighting": "hard"},
@@ -202,7 +204,7 @@ def test_every_method_module_declares_what_the_loop_needs():
     ({"method": "idknll", "weighting": "soft", "tau": 0.5}, r"^u.weighting='soft': idknll trains on each sample's"),
     ({"method": "pdu", "epsilon_kind": "relativ"},
      r"^u.epsilon_kind='relativ': must be one of \['absolute', 'relative'\]$"),
-    ({"method": "pdu", "dual_step": -1.0}, r"^u.dual_step=-1.0: must be at least 0$"),
+    ({"method": "pdu", "dual_step": -1.0}, r"^u.dual_step=-1.0: must be at least 0 and finite$"),
     ({"method": "pdu", "retain_loss": "kl"}, r"^u.retain_loss='kl': method pdu has its own retain term, nll"),
     ({"method": "idknll", "reduction": "token"},
      r"^u.reduction='token': idknll is a loss of whole sequences \(each sample's mean NLL of its idk answer\), one "
@@ -223,7 +225,7 @@ def test_a_methods_keys_are_read_from_its_section_and_named_where_set():
     assert (cfg.reduction, cfg.method_params.beta) == ("token", 0.2)
     with pytest.raises(ParamError, match=r"^unlearn.defaults.reduction='token': npo with uniform weights"):
         run_configs(params, "npo")
-    with pytest.raises(ParamError, match=r"^unlearn.methods.rmu.rmu_steer=0.0: must be positive$"):
+    with pytest.raises(ParamError, match=r"^unlearn.methods.rmu.rmu_steer=0.0: must be positive and finite$"):
         run_configs(params, "t_rmu")
 
 
@@ -269,7 +271,7 @@ def test_killed_and_resumed_unlearning_ends_with_the_same_weights(attribution_di
 def test_pdu_moves_its_dual_variable_and_a_killed_run_resumes_it(attribution_dir, micro_model_dir, micro_world_dir,
                                                                    tmp_path, monkeypatch):
     shards = attribution_dir[0] / "shards"
-    with pytest.raises(ParamError, match=r"^u.epsilon=-0.5: must be at least 0$"):
+    with pytest.raises(ParamError, match=r"^u.epsilon=-0.5: must be at least 0 and finite$"):
         _run(tmp_path, micro_model_dir, shards, micro_world_dir, "bad", method="pdu", epsilon=-0.5)
     # ε = θ_o's retain loss (relative, + 0): as the forget loss moves θ, λ = 1 follows λ + 10·(L_r − ε) every step
     run = {"method": "pdu", "weighting": "soft", "epsilon": 0.0, "retain_weight": 1.0, "dual_step": 10.0}
@@ -385,7 +387,7 @@ def test_a_run_reads_defaults_then_its_methods_then_its_weightings_section_then_
     assert run_spec(params, "s_npo") == {"retain_weight": 0.1, "r": 0.3, "beta": 0.3, "tau": 1.0,
                                          "method": "npo", "weighting": "soft"}
     params["unlearn"]["weightings"]["soft"]["tau"] = -1.0
-    with pytest.raises(ParamError, match=r"^unlearn.weightings.soft.tau=-1.0: must be positive$"):
+    with pytest.raises(ParamError, match=r"^unlearn.weightings.soft.tau=-1.0: must be positive and finite$"):
         run_configs(params, "s_npo")
     params["unlearn"]["weightings"]["sotf"] = {}
     with pytest.raises(ParamError, match=r"unlearn.weightings: unknown weighting\(s\) \['sotf'\]"):

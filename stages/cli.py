@@ -10,8 +10,8 @@ from pipeline.common.cli_errors import guarded
 from pipeline.common.distributed import shutdown_distributed
 from pipeline.common.reproducible import pin_threads
 
-from . import (attribute, check_models, code_deps, compare_attribution, corpora, diagnose, evaluate,
-               finetune, inspect, muse, muse_report, pipelines, reference, relearn, report, report_seeds, sweep,
+from . import (attribute, check_models, code_deps, compare_attribution, corpora, diagnose, evaluate, export,
+               finetune, inspect, muse, muse_report, own_data, pipelines, reference, relearn, report, report_seeds, sweep,
                tokenizer, tune, unlearn, world)
 
 
@@ -32,7 +32,7 @@ def cli(verbose: bool, local_rank: int | None) -> None:
 
 for command in (*(m.command for m in (world, tokenizer, finetune, check_models, attribute, reference, inspect, unlearn,
                                      evaluate, report, report_seeds, tune, compare_attribution, relearn, sweep,
-                                     diagnose, corpora)), attribute.download_command, evaluate.export_command,
+                                     diagnose, corpora, own_data, export)), attribute.download_command, evaluate.export_command,
                 *code_deps.commands, pipelines.command, *muse.commands, *muse_report.commands):
     cli.add_command(command)
 

@@ -39,9 +39,21 @@ def pipeline_imports(path: Path) -> set[str]:
     return found
 
 
+# Above the flow, one module: the Python API (a notebook's entry), which calls every stage's functions and which
+# no package imports.
+API = "api.py"
+
+
 def test_the_library_has_exactly_the_stage_packages():
     assert PACKAGES == sorted(ORDER + list(BESIDE))
-    assert sorted(p.name for p in (REPO / "pipeline").glob("*.py")) == ["__init__.py"]
+    assert sorted(p.name for p in (REPO / "pipeline").glob("*.py")) == ["__init__.py", API]
+
+
+def test_the_api_sits_above_the_flow():
+    assert pipeline_imports(REPO / "pipeline" / API) <= set(ORDER)  # the stages' functions, never the sweep
+    importers = [m.relative_to(REPO).as_posix() for m in sorted((REPO / "pipeline").rglob("*.py"))
+                 if "api" in pipeline_imports(m)]
+    assert not importers, f"the library never imports its API: {importers}"
 
 
 @pytest.mark.parametrize("package", ORDER + list(BESIDE))

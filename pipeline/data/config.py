@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from pipeline.common.errors import ParamError
 from pipeline.common.params import at_least, check_rules, dataclass_from_params
+from pipeline.data.own_files import SETS as OWN_SETS, DataFile, is_set
 from pipeline.data.templates import template_from_params
 
 
@@ -15,14 +16,30 @@ class DataConfig:
     template: str | dict = field(default="plain", metadata={"types": (str, dict)})  # a name, or its tags
     max_length: int = 128
     skip_too_long: bool = False
+    # The user's own data (`tokenunlearn own-data` writes it into `source`): a file path, or {path, fields};
+    # "" or null: unset. Forget and retain go together; holdout is optional.
+    forget: str | dict | None = field(default="", metadata={"types": (str, dict, type(None))})
+    retain: str | dict | None = field(default="", metadata={"types": (str, dict, type(None))})
+    holdout: str | dict | None = field(default="", metadata={"types": (str, dict, type(None))})
 
     @classmethod
     def from_params(cls, params: dict) -> "DataConfig":
+        if isinstance(params, dict):  # first, so a bad value gets the file's message, not a type's name
+            for name in OWN_SETS:
+                if is_set(params.get(name)):
+                    DataFile.from_params(params[name], f"data.{name}")
         cfg = dataclass_from_params(cls, params, "data")
         template_from_params(cfg.template, "data.template")
         check_rules(cfg, {"max_length": at_least(8)}, "data")
         if not cfg.source:
             raise ParamError("data.source: empty (a directory of <split>.json files, or a hub dataset name)")
+        given = [f"data.{n}" for n in OWN_SETS if is_set(getattr(cfg, n))]
+        missing = [f"data.{n}" for n in ("forget", "retain") if not is_set(getattr(cfg, n))]
+        if given and missing:
+            verb = "is" if len(given) == 1 else "are"
+            raise ParamError(f"{' and '.join(missing)}: not set, but {', '.join(given)} {verb}; your own data is a "
+                             "file of what to forget (data.forget) and one of what to keep (data.retain), and "
+                             "optionally a holdout file (data.holdout)")
         return cfg
 
 

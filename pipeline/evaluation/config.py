@@ -22,12 +22,18 @@ from pipeline.evaluation.tofu_metrics import ES_DEFINITIONS, LOSS_DTYPES
 # The paper's TOFU sets: name -> the perturbed split that holds it ({forget} is the forget split's name).
 TOFU_SETS = {"forget": "{forget}_perturbed", "retain": "retain_perturbed",
              "real_authors": "real_authors_perturbed", "world_facts": "world_facts_perturbed"}
+# With `perturbed: false`, a user's own question-answer splits: the sets that have one, and the split that holds it.
+PLAIN_SETS = {"forget": "{forget}", "retain": "{retain}"}
+DEFAULT_RETAIN_SPLIT = "retain90"
 
 
 @dataclass(frozen=True)
 class EvalConfig:
     source: str = "artifacts/world"    # TOFU splits: a directory (the embedded world, ../shared/data/tofu) or the hub
     forget_split: str = "forget10"
+    perturbed: bool = True             # TOFU's perturbed splits (truth ratio, forget quality, model utility); false:
+                                       # plain question-answer splits, forget_split and retain_split (`skipped`)
+    retain_split: str = DEFAULT_RETAIN_SPLIT  # the retain set's split where perturbed is false
     template: str | dict = field(default="plain", metadata={"types": (str, dict)})  # data.template: a name or tags
     tofu_sets: list = field(default_factory=lambda: list(TOFU_SETS))
     batch_size: int = 32               # teacher forcing and generation
@@ -59,6 +65,15 @@ class EvalConfig:
         unknown = [s for s in cfg.tofu_sets if s not in TOFU_SETS]
         if unknown:
             raise ParamError(f"{where}.tofu_sets: unknown {unknown} (choose from {list(TOFU_SETS)})")
+        # real_authors and world_facts in tofu_sets are skipped, not refused, without perturbed splits: params.yaml
+        # lists them, and a user's overlay need not repeat tofu_sets; paraphrase is off unless asked for
+        if not cfg.perturbed and cfg.paraphrase:
+            raise ParamError(f"{where}.paraphrase: needs TOFU's paraphrased questions, which plain question-answer "
+                             f"splits ({where}.perturbed: false) do not have: set {where}.paraphrase: false")
+        if cfg.perturbed and cfg.retain_split != DEFAULT_RETAIN_SPLIT:
+            raise ParamError(f"{where}.retain_split={cfg.retain_split!r}: read only with {where}.perturbed: false "
+                             f"(TOFU's retain set is {TOFU_SETS['retain']}): remove it, or set {where}.perturbed: "
+                             "false")
         check_rules(cfg, {"batch_size": at_least(1), "mc_batch_size": at_least(1), "max_new_tokens": at_least(1),
                           "es_definition": one_of(ES_DEFINITIONS), "loss_dtype": one_of(LOSS_DTYPES)},
                     where, origins)
@@ -92,6 +107,31 @@ class EvalConfig:
                                  f"switch off {', '.join(f'{where}.{a}' for a in also)} (tofu_sets: [], the others "
                                  "null), or evaluate MUSE in an evaluation of its own (`tokenunlearn evaluate-muse`)")
         return cfg
+
+    @property
+    def set_splits(self) -> dict[str, str]:
+        """The TOFU sets evaluated: name -> its split (perturbed, or a user's plain one)."""
+        if self.perturbed:
+            return {name: TOFU_SETS[name].format(forget=self.forget_split) for name in self.tofu_sets}
+        return {name: PLAIN_SETS[name].format(forget=self.forget_split, retain=self.retain_split)
+                for name in self.tofu_sets if name in PLAIN_SETS}
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        """What a TOFU evaluation has that plain question-answer splits cannot give: metric or evaluator -> why
+        (the summary's `skipped`); empty with perturbed splits, and in MUSE's evaluation, which has its own."""
+        if self.perturbed or self.muse:
+            return {}
+        why = "no perturbed answers in plain question-answer splits (evaluate.perturbed: false)"
+        out = {"truth_ratio": why,
+               "forget_quality": "needs the forget set's truth ratios, which need perturbed answers",
+               "model_utility": "needs TOFU's real_authors and world_facts sets and truth ratios"}
+        out.update({name: "evaluate.perturbed false reads only the forget and retain splits"
+                    for name in self.tofu_sets if name not in PLAIN_SETS})
+        out["paraphrase"] = "no paraphrased questions in plain question-answer splits"
+        if not self.multiple_choice:
+            out["multiple_choice"] = "none configured (evaluate.multiple_choice)"
+        return out
 
     @property
     def mia_spec(self) -> "MIASpec | None":

@@ -16,6 +16,11 @@ Output directory of one evaluation:
     sampling/forget.parquet   with `evaluate.sampling`: each forget question's sampled answers and which leak;
                           the summary has `leak_at_<k>` (attacks/sampling.py)
 
+With `evaluate.perturbed: false`, a user's own question-answer splits instead of TOFU's perturbed ones: the forget
+set is `forget_split` and the retain set `retain_split`, each scored without truth ratio or answer variants; the
+summary says `perturbed: false`, has `forget_rouge` and `retain_rouge`, and names under `skipped` each metric or
+evaluator that needs what such data lacks, with the reason (`EvalConfig.skipped`).
+
 With `evaluate.muse`, MUSE's benchmark alone (benchmarks/muse.py): metrics.json is MUSE's summary, and items/ holds
 verbmem, knowmem_forget, knowmem_retain, privleak_forget and privleak_holdout.
 
@@ -96,6 +101,7 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
     summary: dict = {"model": str(model_path)}
     if not cfg.muse:  # MUSE's evaluation names its own source and definitions
         summary.update({"source": cfg.source, "forget_split": cfg.forget_split,
+                        **({} if cfg.perturbed else {"retain_split": cfg.retain_split, "perturbed": False}),
                         # the settings that change the TOFU metrics' values
                         "definitions": {"es_definition": cfg.es_definition, "loss_dtype": cfg.loss_dtype,
                                         "max_new_tokens": cfg.max_new_tokens}})
@@ -104,9 +110,11 @@ def evaluate_model(model_path: str, cfg: EvalConfig, out_dir: Path, retain_dir: 
         part = evaluator.run(model, ctx)
         merge(summary, part.summary)
         files.update(part.files)
+    if cfg.skipped:
+        summary[registry.SKIPPED] = cfg.skipped
     registry.check_registered(summary, model_path, registry.MUSE if cfg.muse else None)
-    ou_logs = open_unlearning.eval_logs(ctx.items, ctx.found.get("forget_quality"), ctx.found.get("mia")) \
-        if ctx.items else None
+    ou_logs = open_unlearning.eval_logs(ctx.items, ctx.found.get("forget_quality"), ctx.found.get("mia"),
+                                        cfg.perturbed) if ctx.items else None
 
     with atomic_dir(out_dir) as tmp:
         (tmp / "items").mkdir()

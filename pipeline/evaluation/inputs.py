@@ -18,7 +18,7 @@ from pipeline.common.errors import DataError, ParamError
 from pipeline.data.mc_items import MCItem
 from pipeline.data.tofu import load_split
 from pipeline.evaluation import eval_io, lm_eval_tasks, open_unlearning
-from pipeline.evaluation.config import TOFU_SETS, EvalConfig
+from pipeline.evaluation.config import EvalConfig
 from pipeline.evaluation.mc_sets import load_mc_sets
 from pipeline.evaluation.mia import PRIVLEAK_ATTACK
 from pipeline.evaluation.muse import MuseInputs, load_muse_inputs
@@ -109,11 +109,11 @@ class EvalInputs:
 
 def load_inputs(cfg: EvalConfig, retain_dir: Path | None, own_retain: bool = False) -> EvalInputs:
     """The TOFU sets' rows, the multiple-choice items and the retain model's forget truth ratios (unless this is
-    the retain model's own evaluation, or `retain_dir` is None); MUSE's sets and the retain model's AUCs."""
+    the retain model's own evaluation, `retain_dir` is None, or the splits are plain, without truth ratios); MUSE's
+    sets and the retain model's AUCs."""
     tofu, hashes = {}, {}
-    for name in cfg.tofu_sets:
-        split = TOFU_SETS[name].format(forget=cfg.forget_split)
-        rows = load_split(cfg.source, split)
+    for name, split in cfg.set_splits.items():
+        rows = load_split(cfg.source, split)  # a plain split's schema is question and answer (data/tofu.py)
         tofu[name], hashes[name] = (split, rows), questions_hash(rows)
     mc = load_mc_sets(cfg.multiple_choice, cfg.forget_split, cfg.seed)
     unknown = [s for s in cfg.probe_sets if s not in (*PROBED_SETS, *mc)]
@@ -123,7 +123,7 @@ def load_inputs(cfg: EvalConfig, retain_dir: Path | None, own_retain: bool = Fal
     if cfg.lm_eval_spec is not None:
         lm_eval_tasks.task_manager(cfg.lm_eval_spec)  # lm-eval installed, its tasks found: before any model loads
     reference, retain_logs = None, None
-    if retain_dir is not None and not own_retain and "forget" in tofu:
+    if retain_dir is not None and not own_retain and "forget" in tofu and cfg.perturbed:
         reference, retain_logs = load_retain_reference(Path(retain_dir), hashes["forget"], len(tofu["forget"][1]))
     holdout, retain_auc = None, None
     if cfg.mia_spec is not None:

@@ -12,7 +12,9 @@ forget set's); retain_Q_A_{Prob,PARA_Prob,PERT_Prob,ROUGE} and retain_Truth_Rati
 world facts) Q_A_Prob (unnormalised), Q_A_PERT_Prob, Q_A_Prob_normalised (TokenUnlearn's `probability` there),
 Truth_Ratio and Q_A_ROUGE; model_utility; with evaluate.mia, mia_loss, mia_zlib, mia_min_k, mia_min_k_plus_plus
 and where run mia_gradnorm, mia_reference (`{"agg_value": AUC, "auc": AUC, "forget": {...}, "holdout": {...}}`,
-each set's scores by index) and privleak.
+each set's scores by index) and privleak. An evaluation of plain question-answer splits (`evaluate.perturbed` false)
+has only the entries that need no perturbed answers: Q_A_Prob, Q_A_ROUGE, extraction_strength, exact_memorization
+and the membership-inference ones.
 
 privleak here is open-unlearning's (src/evals/metrics/privacy.py, configs/eval/tofu_metrics/privleak.yaml): Min-K%'s
 AUC against the retain model's when the evaluation was given one, else against its `ref_value`, an AUC of 0.5. So
@@ -24,6 +26,7 @@ AUCs here, and their privleak only in the summary (`privleak_<attack>`, against 
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +37,7 @@ from pipeline.common.errors import DataError
 from pipeline.evaluation import eval_io
 from pipeline.evaluation.mia import PRIVLEAK_ATTACK, auc, privleak
 from pipeline.evaluation.tofu_metrics import UTILITY_SETS, model_utility
-from pipeline.evaluation.tofu_sets import ITEM_COLUMNS, SET_SPECS, set_aggregates
+from pipeline.evaluation.tofu_sets import ITEM_COLUMNS, PERTURBED_ONLY, SET_SPECS, set_aggregates
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +65,28 @@ def _prob_entry(items: list[dict], prob: str, nll: str) -> dict:
                   lambda it: {"prob": it[prob], "avg_loss": it[nll]})
 
 
-def set_logs(kind: str, items: list[dict]) -> dict[str, dict]:
-    """open-unlearning's entries for one TOFU set, from its per-item records (`SetResult.items`)."""
-    p, spec, agg = PREFIX[kind], SET_SPECS[kind], set_aggregates(items, kind)
+def set_logs(kind: str, items: list[dict], perturbed: bool = True) -> dict[str, dict]:
+    """open-unlearning's entries for one TOFU set, from its per-item records (`SetResult.items`); `perturbed`
+    false: a plain set's, without those of the answer variants and the truth ratio."""
+    p, agg = PREFIX[kind], set_aggregates(items, kind, perturbed)
     logs = {f"{p}_Q_A_Prob": _prob_entry(items, "answer_probability", "answer_mean_nll")}
+    if perturbed:
+        logs.update(_variant_logs(kind, items, agg))
+    logs[f"{p}_Q_A_ROUGE"] = _entry(agg["rouge_l_recall"], items, lambda it: {
+        "rouge1_recall": it["rouge1_recall"], "rougeL_f1": it["rouge_l_f1"], "rougeL_recall": it["rouge_l_recall"],
+        "input": it["prompt"], "ground_truth": it["ground_truth"], "generation": it["generated"]})
+    if kind == "forget":
+        logs["extraction_strength"] = _entry(agg["extraction_strength"], items,
+                                             lambda it: {"score": it["extraction_strength"]})
+        agg_em = None if np.isnan(agg["exact_memorization"]) else agg["exact_memorization"]
+        logs["exact_memorization"] = _entry(agg_em, items, lambda it: {"score": it["exact_memorization"]})
+    return logs
+
+
+def _variant_logs(kind: str, items: list[dict], agg: dict[str, float]) -> dict[str, dict]:
+    """A perturbed set's entries of its paraphrased and perturbed answers, its normalised probability and truth
+    ratio."""
+    p, spec, logs = PREFIX[kind], SET_SPECS[kind], {}
     if spec.correct_field == "paraphrased_answer":
         logs[f"{p}_Q_A_PARA_Prob"] = _prob_entry(items, "paraphrased_probability", "paraphrased_mean_nll")
     # the mean over items of the mean over the perturbed answers (open-unlearning's aggregate_to_1D)
@@ -75,14 +96,6 @@ def set_logs(kind: str, items: list[dict]) -> dict[str, dict]:
     if spec.normalise_probability:
         logs[f"{p}_Q_A_Prob_normalised"] = _entry(agg["probability"], items, lambda it: {"prob": it["probability"]})
     logs[truth_ratio_key(kind)] = _entry(agg["truth_ratio"], items, lambda it: {"score": it["truth_ratio"]})
-    logs[f"{p}_Q_A_ROUGE"] = _entry(agg["rouge_l_recall"], items, lambda it: {
-        "rouge1_recall": it["rouge1_recall"], "rougeL_f1": it["rouge_l_f1"], "rougeL_recall": it["rouge_l_recall"],
-        "input": it["prompt"], "ground_truth": it["ground_truth"], "generation": it["generated"]})
-    if kind == "forget":
-        logs["extraction_strength"] = _entry(agg["extraction_strength"], items,
-                                             lambda it: {"score": it["extraction_strength"]})
-        agg_em = None if np.isnan(agg["exact_memorization"]) else agg["exact_memorization"]
-        logs["exact_memorization"] = _entry(agg_em, items, lambda it: {"score": it["exact_memorization"]})
     return logs
 
 
@@ -115,14 +128,15 @@ def mia_logs(mia: dict) -> dict[str, dict]:
 
 
 def eval_logs(items_by_set: dict[str, list[dict]], forget_quality: float | None,
-              mia: dict | None = None) -> dict[str, dict]:
+              mia: dict | None = None, perturbed: bool = True) -> dict[str, dict]:
     """TOFU_EVAL.json's content: every set's entries, forget quality (null without a retain model's evaluation, as
-    open-unlearning writes it), model utility (when retain, real authors and world facts were evaluated), and the
-    membership-inference entries (`mia_logs`) where there are any."""
+    open-unlearning writes it; none for plain sets, which have no truth ratio), model utility (when retain, real
+    authors and world facts were evaluated), and the membership-inference entries (`mia_logs`) where there are
+    any."""
     logs: dict[str, dict] = {}
     for kind, items in items_by_set.items():
-        logs.update(set_logs(kind, items))
-    if "forget" in items_by_set:
+        logs.update(set_logs(kind, items, perturbed))
+    if "forget" in items_by_set and perturbed:
         logs["forget_quality"] = {"agg_value": forget_quality}
     if all(s in items_by_set for s in UTILITY_SETS):
         logs["model_utility"] = {"agg_value": model_utility({s: set_aggregates(items_by_set[s], s)
@@ -169,14 +183,31 @@ def _read_mia(eval_dir: Path, forget: list[dict] | None, metrics: dict) -> dict 
                                          1.0, nullable=True)}
 
 
-def _read_one(eval_dir: Path) -> tuple[dict[str, list[dict]], float | None, dict | None]:
+def _is_plain(table) -> bool:
+    """Whether an items table holds a plain set's records (written with `perturbed: false` in its metadata)."""
+    try:
+        return json.loads((table.schema.metadata or {})[b"tokenunlearn"]).get("perturbed") is False
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return False  # no such metadata: an evaluation of perturbed sets, as every one before plain sets was
+
+
+def _read_one(eval_dir: Path) -> tuple[dict[str, list[dict]], float | None, dict | None, bool]:
     files = {kind: eval_dir / "items" / f"{kind}.parquet" for kind in SET_SPECS}
-    items = {kind: eval_io.read_parquet(f).to_pylist() for kind, f in files.items() if f.is_file()}
+    tables = {kind: eval_io.read_parquet(f) for kind, f in files.items() if f.is_file()}
+    items = {kind: table.to_pylist() for kind, table in tables.items()}
     if not items:
         raise DataError(f"{eval_dir / 'items'}: no TOFU set's items (forget, retain, real_authors, world_facts)")
     for kind, rows in items.items():
         eval_io.check_items(rows, files[kind])  # an out-of-range value would be exported as a plausible number
+    plain = {kind for kind, table in tables.items() if _is_plain(table)}
+    if plain and plain != set(tables):
+        raise DataError(f"{eval_dir / 'items'}: {sorted(plain)} hold plain sets' items and "
+                        f"{sorted(set(tables) - plain)} perturbed ones: they come from different evaluations; "
+                        "evaluate the model again")
+    perturbed = not plain
     needed = set(ITEM_COLUMNS) - {"paraphrased_mean_nll", "paraphrased_probability"}  # forget and retain only
+    if not perturbed:
+        needed -= set(PERTURBED_ONLY)
     missing = sorted(needed - set(next(iter(items.values()))[0]))
     if missing:
         raise DataError(f"{eval_dir}: its items lack {missing}: an evaluation made before open-unlearning's export; "
@@ -185,7 +216,7 @@ def _read_one(eval_dir: Path) -> tuple[dict[str, list[dict]], float | None, dict
     metrics = eval_io.read_json(file, "evaluation summary") if file.is_file() else {}
     fq = eval_io.number(metrics.get("forget_quality"), f"{file}: forget_quality", 0.0, 1.0, nullable=True)
     eval_io.number(metrics.get("privleak"), f"{file}: privleak", nullable=True)
-    return items, fq, _read_mia(eval_dir, items.get("forget"), metrics)
+    return items, fq, _read_mia(eval_dir, items.get("forget"), metrics), perturbed
 
 
 def export_evaluation(eval_dir: Path, out_dir: Path) -> list[Path]:
@@ -200,9 +231,9 @@ def export_evaluation(eval_dir: Path, out_dir: Path) -> list[Path]:
         raise DataError(f"{eval_dir}: not an evaluation directory (no items/ and no seed*/items/): the --out of "
                         "`tokenunlearn evaluate`")
     for source, target in pairs:
-        items, fq, mia = _read_one(source)
+        items, fq, mia, perturbed = _read_one(source)
         target.mkdir(parents=True, exist_ok=True)
-        write_files(target, eval_logs(items, fq, mia))
+        write_files(target, eval_logs(items, fq, mia, perturbed))
         log.info("open-unlearning's %s and %s of %s written to %s", EVAL_FILE, SUMMARY_FILE, source, target)
     return [target for _, target in pairs]
 

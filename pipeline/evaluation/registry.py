@@ -50,6 +50,9 @@ MUSE = "muse"
 MONITOR = "monitor"
 SAMPLING = "sampling"
 IN_EVALUATE_SUMMARY = (TOFU, PARAPHRASE, MIA, QUANTIZATION, RELEARNING, MULTIPLE_CHOICE, LM_EVAL, SAMPLING)
+# `evaluate`'s summary key {metric or evaluator: why it was not computed} (evaluate.perturbed false: plain splits);
+# no number, so no metric, and `unregistered` passes it as it passes `definitions`
+SKIPPED = "skipped"
 # membership inference's attacks (mia.MIA_ATTACKS; a test keeps the two lists equal) and the one privleak reads
 MIA_ATTACKS = ("loss", "zlib", "min_k", "min_k_plus_plus", "gradnorm", "reference")
 
@@ -99,7 +102,9 @@ REGISTRY: tuple[Metric, ...] = (
     Metric("forget_quality", "forget quality ↑", HIGHER, depends_on=(_TR,)),  # the KS test against the retain model's
     Metric("forget_em", "forget EM ↓", LOWER, depends_on=("exact_memorization",)),
     Metric("retain_em", "retain EM ↑", HIGHER, depends_on=("exact_memorization",)),
-    Metric("forget_rouge", "forget ROUGE-L ↓", LOWER, depends_on=("rouge_l_recall",)),  # the probes' (probes.py)
+    Metric("forget_rouge", "forget ROUGE-L ↓", LOWER, depends_on=("rouge_l_recall",)),  # the probes', and TOFU's
+    # on plain splits (evaluate.perturbed false) with the retain set's, where model utility cannot be had
+    Metric("retain_rouge", "retain ROUGE-L ↑", HIGHER, depends_on=("rouge_l_recall",)),
     # Is it forgotten or only hidden (evaluate.mia, paraphrase, quantize; the relearn stages as `relearn_*`), where
     # evaluated: each attack's forget ES and forget multiple-choice accuracy, against the same model unattacked.
     Metric("privleak", "privleak (→0)", NEAREST, (ROBUSTNESS,), ANY, benchmark=MIA, headline=5,

@@ -1,5 +1,8 @@
 """TOFU's sets: each set's per-item metrics from one teacher-forced and one greedy pass, and its aggregates
-(`SET_METRICS`, each a metric of `registry.py`'s `TOFU_SET`); the formulas they use are `tofu_metrics.py`'s."""
+(`SET_METRICS`, each a metric of `registry.py`'s `TOFU_SET`); the formulas they use are `tofu_metrics.py`'s.
+
+A forget or retain set of plain question-answer rows (a user's own data: `evaluate.perturbed` false) is scored by the
+same code without the answer variants: no truth ratio, and no paraphrased or perturbed columns (`PERTURBED_ONLY`)."""
 
 from __future__ import annotations
 
@@ -43,17 +46,18 @@ class ItemArrays:
     """Per-item metric values of one set, in row order."""
 
     probability: np.ndarray
-    truth_ratio: np.ndarray
+    truth_ratio: np.ndarray | None  # None: plain rows, without perturbed answers
     rouge_l_recall: np.ndarray
     extraction_strength: np.ndarray
     exact_memorization: np.ndarray  # NaN where an answer has no token
 
     @classmethod
-    def from_items(cls, items: Sequence[dict]) -> "ItemArrays":
-        """From the per-item records of `SetResult.items` (or the rows of items/<set>.parquet)."""
+    def from_items(cls, items: Sequence[dict], perturbed: bool = True) -> "ItemArrays":
+        """From the per-item records of `SetResult.items` (or the rows of items/<set>.parquet); `perturbed` false:
+        records of plain rows, which have no truth ratio."""
         column = lambda key: np.array([np.nan if it[key] is None else it[key] for it in items], dtype=np.float64)
-        return cls(*(column(f) for f in ("probability", "truth_ratio", "rouge_l_recall", "extraction_strength",
-                                         "exact_memorization")))
+        return cls(column("probability"), column("truth_ratio") if perturbed else None,
+                   *(column(f) for f in ("rouge_l_recall", "extraction_strength", "exact_memorization")))
 
 
 def _mean_of_present(values: np.ndarray) -> float:
@@ -72,19 +76,28 @@ SET_METRICS: dict[str, Callable[[ItemArrays, SetSpec], float]] = {
 }
 
 
-def set_aggregates(items: Sequence[dict], kind: str) -> dict[str, float]:
-    """SET_METRICS over one set's per-item records."""
-    arrays, spec = ItemArrays.from_items(items), SET_SPECS[kind]
-    return {metric: fn(arrays, spec) for metric, fn in SET_METRICS.items()}
+# The aggregates and item columns that need perturbed (and paraphrased) answers: none for plain rows.
+PERTURBED_METRICS = ("truth_ratio",)
+PERTURBED_ONLY = ("truth_ratio", "paraphrased_mean_nll", "paraphrased_probability", "perturbed_mean_nll",
+                  "perturbed_probability")
+PLAIN_KINDS = ("forget", "retain")  # the kinds whose probability needs no perturbed answers (no normalisation)
+
+
+def set_aggregates(items: Sequence[dict], kind: str, perturbed: bool = True) -> dict[str, float]:
+    """SET_METRICS over one set's per-item records (without PERTURBED_METRICS for plain rows)."""
+    arrays, spec = ItemArrays.from_items(items, perturbed), SET_SPECS[kind]
+    return {metric: fn(arrays, spec) for metric, fn in SET_METRICS.items()
+            if perturbed or metric not in PERTURBED_METRICS}
 
 
 @dataclass
 class SetResult:
     """`probability` is TOFU's "Prob.": exp(−L(answer)) for forget/retain, normalised for the other two."""
 
-    items: list[dict]             # per row: ITEM_COLUMNS (the paraphrased ones for forget/retain only)
+    items: list[dict]             # per row: ITEM_COLUMNS (the paraphrased ones for forget/retain only, none of
+                                  # PERTURBED_ONLY for plain rows)
     aggregates: dict[str, float]  # SET_METRICS over the items
-    truth_ratios: np.ndarray      # per row, for forget quality
+    truth_ratios: np.ndarray | None  # per row, for forget quality; None for plain rows
 
 
 # The per-item record of a set (items/<set>.parquet holds these, and open_unlearning.py exports them).
@@ -114,14 +127,19 @@ def _check_rows(rows: Sequence[dict], fields: Sequence[str], where: str) -> None
 
 def evaluate_set(model, tokenizer, template: PromptTemplate, rows: Sequence[dict], kind: str,
                  batch_size: int = 32, max_new_tokens: int = 64, name: str | None = None,
-                 es_definition: str = "open-unlearning", loss_dtype: str = "float32") -> SetResult:
-    """Score one TOFU perturbed set of `kind` (forget, retain, real_authors, world_facts) named `name`.
+                 es_definition: str = "open-unlearning", loss_dtype: str = "float32",
+                 perturbed: bool = True) -> SetResult:
+    """Score one TOFU perturbed set of `kind` (forget, retain, real_authors, world_facts) named `name`; with
+    `perturbed` false, a forget or retain set of plain question-answer rows (`_plain_set`).
 
     Teacher-forced passes: the answers, the paraphrased answers (forget/retain) and all perturbed answers
     flattened into one list; then one batched greedy generation for ROUGE."""
     if kind not in SET_SPECS:
         raise DataError(f"evaluate_set: unknown set kind '{kind}' (choose from {sorted(SET_SPECS)})")
     spec, where = SET_SPECS[kind], name or kind
+    if not perturbed:
+        return _plain_set(model, tokenizer, template, rows, kind, batch_size, max_new_tokens, where, es_definition,
+                          loss_dtype)
     _check_rows(rows, ("question", "answer", spec.correct_field, "perturbed_answer"), where)
 
     def stats_of(questions: list[str], answers: list[str]) -> AnswerStats:
@@ -162,3 +180,30 @@ def evaluate_set(model, tokenizer, template: PromptTemplate, rows: Sequence[dict
                  "prompt": prompts[i], "ground_truth": truths[i], "generated": generated[i]}
         items.append(item)
     return SetResult(items, set_aggregates(items, kind), tr)
+
+
+def _plain_set(model, tokenizer, template: PromptTemplate, rows: Sequence[dict], kind: str, batch_size: int,
+               max_new_tokens: int, where: str, es_definition: str, loss_dtype: str) -> SetResult:
+    """`evaluate_set` of plain question-answer rows: the answers' teacher-forced pass and the greedy one, each
+    per-item value as for a perturbed set (probability unnormalised, as forget's and retain's are there)."""
+    if kind not in PLAIN_KINDS:
+        raise DataError(f"evaluate_set: a {kind} set needs perturbed answers (its probability is normalised over "
+                        f"them); plain question-answer rows are scored as {' or '.join(PLAIN_KINDS)}")
+    _check_rows(rows, ("question", "answer"), where)
+    questions, answers = [r["question"] for r in rows], [r["answer"] for r in rows]
+    stats = answer_statistics(model, tokenizer, template, questions, answers, batch_size, es_definition, loss_dtype)
+    generated = greedy_answers(model, tokenizer, template, questions, max_new_tokens=max_new_tokens,
+                               batch_size=batch_size)
+    prompts, truths = rouge_references(tokenizer, template, questions, answers)
+    rouge = [rouge_scores(g, t) for g, t in zip(generated, truths)]
+    items = []
+    for i in range(len(rows)):
+        em = stats.exact_memorization[i]
+        items.append({"index": i, "probability": float(stats.probability[i]),
+                      "rouge_l_recall": rouge[i]["rougeL_recall"],
+                      "extraction_strength": float(stats.extraction_strength[i]),
+                      "exact_memorization": None if np.isnan(em) else float(em),
+                      "answer_mean_nll": float(stats.mean_nll[i]), "answer_probability": float(stats.probability[i]),
+                      "rouge1_recall": rouge[i]["rouge1_recall"], "rouge_l_f1": rouge[i]["rougeL_f1"],
+                      "prompt": prompts[i], "ground_truth": truths[i], "generated": generated[i]})
+    return SetResult(items, set_aggregates(items, kind, perturbed=False), None)

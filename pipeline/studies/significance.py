@@ -194,10 +194,11 @@ def lr_table(root: Path, model_seeds: list[int], runs: list[str], labels: dict[s
                 c = entry["chosen"]
                 flag = "" if c.get("meets_floor", True) else ", below the floor"
                 flag += "" if entry.get("converged", True) else ", not within tolerance"
-                cells.append(f"{c['lr']:.2e} ({c['model_utility']:.3f} / {result['utility_min']:.3f}, "
+                utility = c[result.get("utility", "model_utility")]  # tune.utility's key
+                cells.append(f"{c['lr']:.2e} ({utility:.3f} / {result['utility_min']:.3f}, "
                              f"{len(entry['trials'])}{flag})")
             except (KeyError, TypeError, ValueError, AttributeError) as e:  # a key missing or of another type
-                raise DataError(f"{file}: not the tuning choice of '{name}' (runs.{name}.chosen.lr, model_utility, "
+                raise DataError(f"{file}: not the tuning choice of '{name}' (runs.{name}.chosen.lr, its utility, "
                                 f"trials and utility_min expected; {type(e).__name__}: {e})") from None
         lines.append(f"| {labels.get(name, name)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -38,29 +38,31 @@ LEVELS = (-0.01, 0.0, 0.01, 0.02)
 
 @dataclass
 class Curve:
-    """One run's bisection on one model seed: its trials in lr order (lr, forget_es, model_utility), the floor
-    it bisected onto (`utility_min`) and the chosen trial (None when the file has none with numbers)."""
+    """One run's bisection on one model seed: its trials in lr order (lr, forget_es and the utility it was held to,
+    `utility`: model_utility unless tune.utility chose another), the floor it bisected onto (`utility_min`) and the
+    chosen trial (None when the file has none with numbers)."""
     run: str
     model_seed: int
     utility_min: float
     trials: list[dict]
     chosen: dict | None
     past: list[dict] = field(default_factory=list)  # the probes past the crossing (`past_crossing`), where tried
+    utility: str = "model_utility"  # the summary key the floor is measured on (the tuning's tune.utility)
 
     @property
     def front(self) -> dict | None:
         """The run's best point over every trial it has: the lowest forget ES at utility ≥ the floor."""
-        return front(self.trials + self.past, self.utility_min)
+        return front(self.trials + self.past, self.utility_min, self.utility)
 
     @property
     def recovers_at(self) -> list[float]:
-        return recovers_at(self.trials + self.past, self.utility_min)
+        return recovers_at(self.trials + self.past, self.utility_min, self.utility)
 
 
-def _point(trial, where: str) -> dict | None:
-    """A trial's (lr, forget_es, model_utility) as floats, or None when it lacks one of them: such a trial is no
+def _point(trial, where: str, utility: str = "model_utility") -> dict | None:
+    """A trial's (lr, forget_es, its `utility`) as floats, or None when it lacks one of them: such a trial is no
     point of the curve (a non-number is an error)."""
-    keys = ("lr", "forget_es", "model_utility")
+    keys = ("lr", "forget_es", utility)
     if not isinstance(trial, dict) or any(trial.get(k) is None for k in keys):
         return None
     return {k: number(trial[k], f"{where}.{k}") for k in keys}
@@ -72,18 +74,21 @@ def read_curve(file: Path, name: str, model_seed: int) -> Curve:
     entry = (result.get("runs") or {}).get(name)
     if not isinstance(entry, dict) or not isinstance(entry.get("trials"), list):
         raise DataError(f"{file}: not the tuning choice of '{name}' (runs.{name}.trials expected)")
-    points = [_point(t, f"{file}: runs.{name}.trials[{i}]") for i, t in enumerate(entry["trials"])]
+    utility = result.get("utility", "model_utility")  # tunings before tune.utility held model utility
+    if not isinstance(utility, str):
+        raise DataError(f"{file}: utility: {utility!r} is not a summary key")
+    points = [_point(t, f"{file}: runs.{name}.trials[{i}]", utility) for i, t in enumerate(entry["trials"])]
     if None in points:
-        log.warning("%s: %d of %d trials lack lr, forget_es or model_utility: left out of the curve", file,
-                    points.count(None), len(points))
+        log.warning("%s: %d of %d trials lack lr, forget_es or %s: left out of the curve", file,
+                    points.count(None), len(points), utility)
     past = entry.get("past_crossing") or []  # a tuning before the probes has none
     if not isinstance(past, list):
         raise DataError(f"{file}: runs.{name}.past_crossing: {past!r} is not a list of trials")
-    past = [_point(t, f"{file}: runs.{name}.past_crossing[{i}]") for i, t in enumerate(past)]
+    past = [_point(t, f"{file}: runs.{name}.past_crossing[{i}]", utility) for i, t in enumerate(past)]
     return Curve(name, model_seed, number(result.get("utility_min"), f"{file}: utility_min"),
                  sorted((p for p in points if p), key=lambda p: p["lr"]),
-                 _point(entry.get("chosen"), f"{file}: runs.{name}.chosen"),
-                 sorted((p for p in past if p), key=lambda p: p["lr"]))
+                 _point(entry.get("chosen"), f"{file}: runs.{name}.chosen", utility),
+                 sorted((p for p in past if p), key=lambda p: p["lr"]), utility)
 
 
 def load_curves(root: Path, model_seeds: list[int], runs: list[str],
@@ -105,42 +110,43 @@ def load_curves(root: Path, model_seeds: list[int], runs: list[str],
     return curves
 
 
-def forget_es_at(trials: list[dict], utility: float) -> float | None:
+def forget_es_at(trials: list[dict], utility: float, key: str = "model_utility") -> float | None:
     """Forget ES where the curve (trials in lr order) first falls to `utility`, interpolated linearly in utility
     between the two rates around it; None if it never gets there. Tuning reads it at the floor, the report at any
     level: unlike a chosen trial, it does not depend on where the grid's points fall; a model utility that is not
-    monotone in the rate is read at its first crossing, as the bisection would find it."""
+    monotone in the rate is read at its first crossing, as the bisection would find it. `key`: the trials'
+    utility (tune.utility)."""
     trials = sorted(trials, key=lambda t: t["lr"])
     for a, b in zip(trials, trials[1:]):
-        if a["model_utility"] >= utility > b["model_utility"]:
-            w = (a["model_utility"] - utility) / (a["model_utility"] - b["model_utility"])
+        if a[key] >= utility > b[key]:
+            w = (a[key] - utility) / (a[key] - b[key])
             return a["forget_es"] + w * (b["forget_es"] - a["forget_es"])
     return None
 
 
-def front(trials: list[dict], utility_min: float) -> dict | None:
+def front(trials: list[dict], utility_min: float, key: str = "model_utility") -> dict | None:
     """The run's best point over every trial it has, wherever it lies: the lowest forget ES at model utility ≥
     `utility_min` (ties: the higher utility, then the lower lr); None when no trial keeps the floor. Unlike the
-    first crossing, it still finds a trade-off whose utility recovers at higher rates."""
-    kept = [t for t in trials if not t.get("diverged") and t["model_utility"] >= utility_min]
+    first crossing, it still finds a trade-off whose utility recovers at higher rates. `key`: the trials' utility."""
+    kept = [t for t in trials if not t.get("diverged") and t[key] >= utility_min]
     if not kept:
         return None
-    return dict(min(kept, key=lambda t: (t["forget_es"], -t["model_utility"], t["lr"])))
+    return dict(min(kept, key=lambda t: (t["forget_es"], -t[key], t["lr"])))
 
 
-def recovers_at(trials: list[dict], utility_min: float) -> list[float]:
+def recovers_at(trials: list[dict], utility_min: float, key: str = "model_utility") -> list[float]:
     """The rates above the first one breaking the floor where utility is back at or above it: empty where utility,
     once below the floor, stays below as the rate grows (the bisection's assumption)."""
     ordered = sorted((t for t in trials if not t.get("diverged")), key=lambda t: t["lr"])
-    first_break = next((t["lr"] for t in ordered if t["model_utility"] < utility_min), None)
+    first_break = next((t["lr"] for t in ordered if t[key] < utility_min), None)
     if first_break is None:
         return []
-    return [t["lr"] for t in ordered if t["lr"] > first_break and t["model_utility"] >= utility_min]
+    return [t["lr"] for t in ordered if t["lr"] > first_break and t[key] >= utility_min]
 
 
 def at_levels(curve: Curve, levels=LEVELS) -> list[float | None]:
     """The curve's forget ES at each level (an offset from its floor)."""
-    return [forget_es_at(curve.trials, curve.utility_min + d) for d in levels]
+    return [forget_es_at(curve.trials, curve.utility_min + d, curve.utility) for d in levels]
 
 
 def compare_curves(curves: dict[tuple[str, int], Curve], pairs: list[tuple[str, str]], model_seeds: list[int],
@@ -262,6 +268,8 @@ def plot_method(curves: dict[tuple[str, int], Curve], method: str, runs: list[st
     for ax in axes[len(model_seeds):]:
         ax.set_visible(False)
     colours = plt.get_cmap("tab10")
+    keys = {c.utility for c in curves.values()}
+    label = "model utility" if keys <= {"model_utility"} else " / ".join(sorted(keys)).replace("_", " ")
     for ax, m in zip(axes, model_seeds):
         floor = None
         for k, name in enumerate(runs):
@@ -270,17 +278,17 @@ def plot_method(curves: dict[tuple[str, int], Curve], method: str, runs: list[st
                 continue
             floor = c.utility_min
             colour = colours(k % 10)
-            ax.plot([t["model_utility"] for t in c.trials], [t["forget_es"] for t in c.trials], marker="o",
+            ax.plot([t[c.utility] for t in c.trials], [t["forget_es"] for t in c.trials], marker="o",
                     markersize=4, color=colour, label=name)
             if c.chosen is not None:
-                ax.plot([c.chosen["model_utility"]], [c.chosen["forget_es"]], marker="*", markersize=13,
+                ax.plot([c.chosen[c.utility]], [c.chosen["forget_es"]], marker="*", markersize=13,
                         color=colour, linestyle="none")
         if floor is None:
             ax.text(0.5, 0.5, "no bisection yet", ha="center", va="center", transform=ax.transAxes)
         else:
             ax.axvline(floor, linestyle="--", color="grey", label="utility floor")
         ax.set_title(f"model seed {m}")
-        ax.set_xlabel("model utility ↑")
+        ax.set_xlabel(f"{label} ↑")
         ax.set_ylabel("forget extraction strength ↓")
     handles = {}  # one legend for the figure, beside the first row: every run of any panel once
     for ax in axes:
@@ -334,7 +342,7 @@ def equal_utility_markdown(curves: dict[tuple[str, int], Curve], runs: list[str]
              "| run | bisected lr | trials | forget ES at the floor | against its method's sequence-level run | "
              "front: forget ES (lr) |", "|---|---|---|---|---|---|"]
     base_of = dict(pairs)
-    at_floor = {n: forget_es_at(c.trials, c.utility_min) for (n, _), c in curves.items()}
+    at_floor = {n: forget_es_at(c.trials, c.utility_min, c.utility) for (n, _), c in curves.items()}
     for name in runs:
         curve = curves.get((name, 0))
         if curve is None:

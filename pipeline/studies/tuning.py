@@ -21,6 +21,10 @@ and come back above it at higher rates, where forgetting is deeper still. So aft
 the crossing's rate × each of `probe_past` (2 and 4), beyond `max_trials`, and records them (`past_crossing`), the
 rates where utility is back above the floor (`recovers_at`), the span of rates tried (`lr_span`) and the run's front:
 the lowest forget ES at utility ≥ the floor over every trial (`front`). The first crossing stays the chosen rate.
+
+"Utility" is TOFU's model utility unless `utility` names another key of the evaluation's summary: what the user
+needs kept (retain ES or ROUGE-L on their own retain data, an lm-eval task's accuracy). The target's value of that
+key sets the floor, and every trial records it under its own name.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,11 +40,16 @@ from typing import Callable
 
 from pipeline.common.atomic import write_json
 from pipeline.common.errors import DataError, ParamError
-from pipeline.common.params import Rule, between, check_rules, dataclass_from_params
+from pipeline.common.params import LEARNING_RATE, Rule, between, check_rules, dataclass_from_params
 from pipeline.common.plots import pyplot, save_figure
 from pipeline.studies.tradeoff import forget_es_at, front, recovers_at
 
 log = logging.getLogger(__name__)
+
+
+# What the utility floor may be measured on: keys of the evaluation's summary that are higher-is-better shares.
+UTILITY_KEYS = ("model_utility", "retain_es", "retain_rouge")
+UTILITY_LMEVAL = re.compile(r"lmeval_\w+_acc(_norm)?")
 
 
 @dataclass(frozen=True)
@@ -50,12 +60,13 @@ class TuneConfig:
     groups: dict = field(default_factory=dict)  # base method -> the runs tuned with it, e.g. ga: [ga, t_ga, s_ga]
     search: str = "grid"              # grid: every lr of `lrs` | bisect: the lr at the utility floor
     bisect: dict = field(default_factory=dict)  # BisectConfig's keys
+    utility: str = "model_utility"    # the summary key the floor is measured on (UTILITY_KEYS, or lmeval_...)
 
     @classmethod
     def from_params(cls, values: dict, where: str = "tune") -> "TuneConfig":
         cfg = dataclass_from_params(cls, values, where)
-        lrs = Rule(lambda v: bool(v) and all(isinstance(x, (int, float)) and x > 0 for x in v),
-                   "a non-empty list of positive learning rates")
+        lrs = Rule(lambda v: bool(v) and all(isinstance(x, (int, float)) and LEARNING_RATE.ok(x) for x in v),
+                   f"a non-empty list of learning rates, each {LEARNING_RATE.expect} (as unlearn.train.lr)")
         check_rules(cfg, {"lrs": lrs, "utility_floor": between(0, 1, lo_open=True)}, where)
         for group, runs in cfg.groups.items():
             if not isinstance(runs, list) or not runs:
@@ -63,6 +74,9 @@ class TuneConfig:
         if cfg.search not in ("grid", "bisect"):
             raise ParamError(f"{where}.search: grid or bisect, not {cfg.search!r}")
         BisectConfig.from_params(cfg.bisect or {}, f"{where}.bisect")
+        if not isinstance(cfg.utility, str) or not (cfg.utility in UTILITY_KEYS or UTILITY_LMEVAL.fullmatch(cfg.utility)):
+            raise ParamError(f"{where}.utility: {cfg.utility!r} is not a utility: one of {', '.join(UTILITY_KEYS)}, or "
+                             "an lm-eval task's accuracy as the evaluation writes it (lmeval_<task>_acc, say)")
         return cfg
 
     @property
@@ -96,9 +110,10 @@ def round_lr(lr: float) -> float:
     return float(f"{lr:.2e}")
 
 
-def bisect_lr(trial_at: Callable[[float], dict], start_lr: float, utility_min: float, cfg: BisectConfig) -> dict:
+def bisect_lr(trial_at: Callable[[float], dict], start_lr: float, utility_min: float, cfg: BisectConfig,
+              lr_rule: Rule | None = None, utility: str = "model_utility") -> dict:
     """The learning rate where model utility falls to `utility_min`, assuming it falls as the rate grows.
-    `trial_at(lr)` unlearns and evaluates at `lr` and returns the trial (lr, forget_es, model_utility).
+    `trial_at(lr)` unlearns and evaluates at `lr` and returns the trial (lr, forget_es, its `utility`).
 
     From `start_lr`, step by `cfg.factor` (up while utility holds, down while it does not) until one trial keeps
     the floor and a higher rate breaks it; then try the false-position point in log lr between them (kept off the
@@ -109,8 +124,13 @@ def bisect_lr(trial_at: Callable[[float], dict], start_lr: float, utility_min: f
 
     A trial marked `diverged` (it has no utility) breaks the floor; the step after a diverged upper end halves the
     bracket in log lr, since false position needs a utility there. `diverged` lists those rates; `chosen` is None
-    when every trial diverged."""
+    when every trial diverged.
+
+    Every rate tried passes `lr_rule` (the rule of `unlearn.train.lr`): a step that would leave it stops the search
+    at the edge, `converged` false and `stopped` saying why, and probes past the crossing outside it are not tried.
+    """
     trials: list[dict] = []
+    stopped = None  # why the search ended early, if it did
     diverged: list[dict] = []
     kept = broken = None  # the bracket: the highest lr keeping the floor, the lowest lr breaking it above it
 
@@ -126,20 +146,31 @@ def bisect_lr(trial_at: Callable[[float], dict], start_lr: float, utility_min: f
                 broken = trial
             return
         trials.append(trial)
-        if trial["model_utility"] >= utility_min:
+        if trial[utility] >= utility_min:
             if kept is None or trial["lr"] > kept["lr"]:
                 kept = trial
         elif broken is None or trial["lr"] < broken["lr"]:
             broken = trial
 
+    def allowed(lr: float) -> bool:
+        return lr_rule is None or lr_rule.ok(round_lr(lr))
+
+    if not allowed(start_lr):
+        raise ParamError(f"the bisection's start, lr {start_lr:g}, must be {lr_rule.expect}")
     run(start_lr)
     while (kept is None or broken is None) and spent() < cfg.max_trials:
-        run(kept["lr"] * cfg.factor if kept is not None else broken["lr"] / cfg.factor)
+        step = kept["lr"] * cfg.factor if kept is not None else broken["lr"] / cfg.factor
+        if not allowed(step):
+            stopped = (f"model utility stays at or above the floor up to lr {kept['lr']:.3g}, and lr {step:.3g} "
+                       f"is outside the allowed rates ({lr_rule.expect})") if kept is not None else \
+                      f"no rate keeps the floor down to lr {broken['lr']:.3g} ({lr_rule.expect})"
+            break
+        run(step)
     while (kept is not None and broken is not None and spent() < cfg.max_trials
-           and kept["model_utility"] - utility_min > cfg.tolerance):
+           and kept[utility] - utility_min > cfg.tolerance):
         lo, hi = math.log(kept["lr"]), math.log(broken["lr"])
-        if "model_utility" in broken:
-            f_lo, f_hi = kept["model_utility"] - utility_min, broken["model_utility"] - utility_min
+        if utility in broken:
+            f_lo, f_hi = kept[utility] - utility_min, broken[utility] - utility_min
             x = lo + f_lo * (hi - lo) / (f_lo - f_hi)
             x = min(max(x, lo + 0.1 * (hi - lo)), hi - 0.1 * (hi - lo))
         else:  # diverged there: no utility to interpolate
@@ -150,32 +181,43 @@ def bisect_lr(trial_at: Callable[[float], dict], start_lr: float, utility_min: f
     if kept is not None:
         chosen = {**kept, "meets_floor": True}
     elif trials:
-        chosen = {**max(trials, key=lambda t: (t["model_utility"], -t["lr"])), "meets_floor": False}
+        chosen = {**max(trials, key=lambda t: (t[utility], -t["lr"])), "meets_floor": False}
     else:
         chosen = None
-    converged = kept is not None and kept["model_utility"] - utility_min <= cfg.tolerance
+    converged = stopped is None and kept is not None and kept[utility] - utility_min <= cfg.tolerance
     # Past the crossing (the lowest rate breaking the floor): the bisection's assumption, checked where it matters
     past: list[dict] = []
     if kept is not None and broken is not None:
         for factor in cfg.probe_past:
-            trial = trial_at(round_lr(broken["lr"] * factor))
-            past.append(trial)
-    return {"trials": sorted(trials, key=lambda t: t["lr"]), "chosen": chosen, "converged": converged,
-            "diverged": sorted(t["lr"] for t in diverged), "past_crossing": past}
+            if allowed(broken["lr"] * factor):
+                past.append(trial_at(round_lr(broken["lr"] * factor)))
+    found = {"trials": sorted(trials, key=lambda t: t["lr"]), "chosen": chosen, "converged": converged,
+             "diverged": sorted(t["lr"] for t in diverged), "past_crossing": past}
+    return found | ({"stopped": stopped} if stopped else {})
 
 
-def choose(trials: list[dict], utility_min: float) -> dict:
-    """The rule: among trials with `model_utility` ≥ `utility_min` the lowest `forget_es` (ties: the higher
+def choose(trials: list[dict], utility_min: float, utility: str = "model_utility") -> dict:
+    """The rule: among trials with `utility` ≥ `utility_min` the lowest `forget_es` (ties: the higher
     utility, then the lower lr); if no trial qualifies, the highest utility. Each trial: lr, forget_es,
-    model_utility."""
+    `utility` (model_utility unless tune.utility chose another)."""
     if not trials:
         raise ParamError("no trials to choose from")
-    kept = [t for t in trials if t["model_utility"] >= utility_min]
+    kept = [t for t in trials if t[utility] >= utility_min]
     if kept:
-        best = min(kept, key=lambda t: (t["forget_es"], -t["model_utility"], t["lr"]))
+        best = min(kept, key=lambda t: (t["forget_es"], -t[utility], t["lr"]))
         return {**best, "meets_floor": True}
-    best = max(trials, key=lambda t: (t["model_utility"], -t["lr"]))
+    best = max(trials, key=lambda t: (t[utility], -t["lr"]))
     return {**best, "meets_floor": False}
+
+
+def _short(utility: str) -> str:
+    """The utility's name in tables and log lines: MU for TOFU's model utility, else the key itself."""
+    return "MU" if utility == "model_utility" else utility
+
+
+def _target(result: dict) -> float:
+    """The target's utility in a choice.json (`target_model_utility` where the utility is model utility)."""
+    return result["target_utility"] if "utility" in result else result["target_model_utility"]
 
 
 def _lr_name(lr: float) -> str:
@@ -183,19 +225,24 @@ def _lr_name(lr: float) -> str:
 
 
 def tune_group(group: str, runs: dict, cfg: TuneConfig, unlearn_one: Callable, evaluate_one: Callable,
-               target_utility: float, out_dir: Path, diverges: tuple[type[Exception], ...] = ()) -> dict:
+               target_utility: float, out_dir: Path, diverges: tuple[type[Exception], ...] = (),
+               lr_rule: Rule | None = None) -> dict:
     """Tune every run of `group`. `runs`: name -> (UnlearnConfig, TrainConfig), the TrainConfig's lr the start of
     a bisection. `unlearn_one(name, ucfg, train, work_dir)` unlearns into `work_dir/model`;
-    `evaluate_one(model_dir, eval_dir)` evaluates it and returns its summary (forget_es and model_utility at least),
+    `evaluate_one(model_dir, eval_dir)` evaluates it and returns its summary (forget_es and cfg.utility at least),
     so this module needs neither the trainer nor the evaluation. A trial's evaluation is kept in
     `out_dir/trials/NAME/LR.json` and found there on a rerun, so a killed tuning resumes where it stopped; models
     are deleted once evaluated. `unlearn_one` raising one of `diverges` (training that diverged) makes a trial that
-    breaks the floor, kept as {lr, diverged: the error}. Writes `out_dir/choice.json` and returns it."""
-    utility_min = cfg.utility_floor * target_utility
+    breaks the floor, kept as {lr, diverged: the error}. Every rate tried passes `lr_rule` (unlearn.train.lr's).
+    Writes `out_dir/choice.json` and returns it."""
+    utility, utility_min = cfg.utility, cfg.utility_floor * target_utility
     trial_root = out_dir / "trials"
     result: dict = {"group": group, "search": cfg.search, "lrs": cfg.lrs, "seed": cfg.seed,
                     "utility_floor": cfg.utility_floor, "target_model_utility": target_utility,
                     "utility_min": round(utility_min, 6), "runs": {}}
+    if utility != "model_utility":  # a choice.json without `utility` is one of model utility, as before it
+        del result["target_model_utility"]
+        result = {"utility": utility, "target_utility": target_utility, **result}
     if cfg.search == "bisect":
         bisect = cfg.bisect_config
         result |= {"lrs": None, "bisect": {"max_trials": bisect.max_trials, "tolerance": bisect.tolerance,
@@ -217,51 +264,55 @@ def tune_group(group: str, runs: dict, cfg: TuneConfig, unlearn_one: Callable, e
                             trial["diverged"])
                 return trial
             summary = evaluate_one(work / "model", work / "eval")
-            missing = [k for k in ("forget_es", "model_utility") if k not in summary]
+            missing = [k for k in ("forget_es", utility) if k not in summary]
             if missing:
-                raise DataError(f"tuning needs {missing} from the evaluation: evaluate.tofu_sets must hold forget, "
-                                "retain, real_authors and world_facts")
+                raise DataError(f"tuning needs {missing} from the evaluation (tune.utility: {utility}): "
+                                + ("evaluate.tofu_sets must hold forget, retain, real_authors and world_facts"
+                                   if utility == "model_utility" else "the evaluation params must produce it"))
             trial = {"lr": float(lr), **{k: summary[k] for k in
-                                         ("forget_es", "retain_es", "model_utility", "log10_forget_quality")
+                                         ("forget_es", "retain_es", "model_utility", "log10_forget_quality", utility)
                                          if k in summary}}
             write_json(file, trial)
             shutil.rmtree(work)
-            log.info("tune %s lr %.2e: forget ES %.3f, model utility %.3f", name, lr,
-                     trial.get("forget_es", float("nan")), trial.get("model_utility", float("nan")))
+            log.info("tune %s lr %.2e: forget ES %.3f, %s %.3f", name, lr, trial.get("forget_es", float("nan")),
+                     utility.replace("_", " "), trial.get(utility, float("nan")))
             return trial
 
         past: list[dict] = []
         if cfg.search == "bisect":
-            found = bisect_lr(trial_at, train.lr, utility_min, bisect)
+            found = bisect_lr(trial_at, train.lr, utility_min, bisect, lr_rule, utility)
             trials, chosen, diverged = found["trials"], found["chosen"], found["diverged"]
             extra = {"start_lr": train.lr, "converged": found["converged"]}
+            if "stopped" in found:
+                extra["stopped"] = found["stopped"]
+                log.warning("tune %s: not converged: %s", name, found["stopped"])
             past = found["past_crossing"]
         else:
             done = [trial_at(float(lr)) for lr in cfg.lrs]
             trials = [t for t in done if not t.get("diverged")]
             diverged = [t["lr"] for t in done if t.get("diverged")]
-            chosen, extra = (choose(trials, utility_min) if trials else None), {}
+            chosen, extra = (choose(trials, utility_min, utility) if trials else None), {}
         if chosen is None:
             rates = ", ".join(f"{lr:.2e}" for lr in diverged)
             raise ParamError(f"unlearn.runs.{name}: every tuning trial diverged (lr {rates}; {trial_root / name}): "
                              "start lower (its train.lr, or tune.lrs)")
         if diverged:  # only then, so that a tuning with none writes the choice.json it always did
             extra["diverged"] = diverged
-        at_floor = forget_es_at(trials, utility_min)
+        at_floor = forget_es_at(trials, utility_min, utility)
         everything = trials + past
         lrs = [t["lr"] for t in everything if not t.get("diverged")]
         result["runs"][name] = {"chosen": chosen, "trials": trials, **extra,
                                 "forget_es_at_floor": None if at_floor is None else round(at_floor, 6),
-                                "past_crossing": past, "recovers_at": recovers_at(everything, utility_min),
-                                "front": front(everything, utility_min),
+                                "past_crossing": past, "recovers_at": recovers_at(everything, utility_min, utility),
+                                "front": front(everything, utility_min, utility),
                                 "lr_span": round(max(lrs) / min(lrs), 3) if lrs else None}
         if result["runs"][name]["recovers_at"]:
-            log.warning("tune %s: model utility falls below the floor and is back above it at lr %s: the first "
+            log.warning("tune %s: utility falls below the floor and is back above it at lr %s: the first "
                         "crossing is not the run's best point (front: forget ES %.3f at lr %.2e)", name,
                         ", ".join(f"{lr:.2e}" for lr in result["runs"][name]["recovers_at"]),
                         result["runs"][name]["front"]["forget_es"], result["runs"][name]["front"]["lr"])
-        log.info("tune %s: lr %.2e (forget ES %.3f, MU %.3f%s)", name, chosen["lr"], chosen["forget_es"],
-                 chosen["model_utility"], "" if chosen["meets_floor"] else ", below the utility floor")
+        log.info("tune %s: lr %.2e (forget ES %.3f, %s %.3f%s)", name, chosen["lr"], chosen["forget_es"],
+                 _short(utility), chosen[utility], "" if chosen["meets_floor"] else ", below the utility floor")
     write_json(out_dir / "choice.json", result)
     shutil.rmtree(out_dir / "work", ignore_errors=True)
     return result
@@ -270,16 +321,16 @@ def tune_group(group: str, runs: dict, cfg: TuneConfig, unlearn_one: Callable, e
 def plot_tradeoff(result: dict, path: Path) -> None:
     """Forget ES against model utility at every lr, one line per run, the utility floor dashed: the variants'
     trade-off curves, which the chosen points sample."""
-    plt = pyplot()
+    plt, utility = pyplot(), result.get("utility", "model_utility")
     fig, ax = plt.subplots(figsize=(6, 4.2))
     for name, entry in result["runs"].items():
         trials = sorted(entry["trials"], key=lambda t: t["lr"])
-        line, = ax.plot([t["model_utility"] for t in trials], [t["forget_es"] for t in trials], marker="o",
+        line, = ax.plot([t[utility] for t in trials], [t["forget_es"] for t in trials], marker="o",
                         label=name)
         chosen = entry["chosen"]
-        ax.plot([chosen["model_utility"]], [chosen["forget_es"]], marker="*", markersize=14, color=line.get_color())
+        ax.plot([chosen[utility]], [chosen["forget_es"]], marker="*", markersize=14, color=line.get_color())
     ax.axvline(result["utility_min"], linestyle="--", color="grey", label="utility floor")
-    ax.set_xlabel("model utility ↑")
+    ax.set_xlabel(f"{utility.replace('_', ' ')} ↑")
     ax.set_ylabel("forget extraction strength ↓")
     ax.set_title(f"{result['group']}: one point per lr (star: chosen), seed {result['seed']}")
     ax.legend()
@@ -287,12 +338,14 @@ def plot_tradeoff(result: dict, path: Path) -> None:
 
 
 def choice_table(result: dict) -> str:
-    """Markdown: forget ES / MU of every run at every lr, the chosen one in bold."""
+    """Markdown: forget ES / utility (MU unless tune.utility chose another) of every run at every lr, the chosen one
+    in bold."""
     if result.get("search") == "bisect":
         return bisect_table(result)
-    lrs = result["lrs"]
-    lines = [f"Group {result['group']}: utility floor {result['utility_floor']} × target MU "
-             f"{result['target_model_utility']:.3f} = {result['utility_min']:.3f}; cells: forget ES / MU",
+    lrs, utility = result["lrs"], result.get("utility", "model_utility")
+    u = _short(utility)
+    lines = [f"Group {result['group']}: utility floor {result['utility_floor']} × target {u} "
+             f"{_target(result):.3f} = {result['utility_min']:.3f}; cells: forget ES / {u}",
              "", "| run | " + " | ".join(f"lr {lr:.1e}" for lr in lrs) + " | chosen | forget ES at the floor |",
              "|---|" + "---|" * (len(lrs) + 2)]
     for name, entry in result["runs"].items():
@@ -303,7 +356,7 @@ def choice_table(result: dict) -> str:
             if t is None:
                 cells.append("diverged")
                 continue
-            cell = f"{t['forget_es']:.3f} / {t['model_utility']:.3f}"
+            cell = f"{t['forget_es']:.3f} / {t[utility]:.3f}"
             cells.append(f"**{cell}**" if t["lr"] == entry["chosen"]["lr"] else cell)
         chosen = entry["chosen"]
         note = "" if chosen["meets_floor"] else " (below floor)"
@@ -314,31 +367,32 @@ def choice_table(result: dict) -> str:
 
 
 def bisect_table(result: dict) -> str:
-    """Markdown: each run's trials in lr order (lr: forget ES / MU), the chosen one in bold."""
-    b = result["bisect"]
-    lines = [f"{result['group']}: lr bisected onto the utility floor {result['utility_floor']} × target MU "
-             f"{result['target_model_utility']:.3f} = {result['utility_min']:.3f} (at most {b['max_trials']} trials, "
-             f"tolerance {b['tolerance']}); cells: lr: forget ES / MU", "",
-             "| run | trials | chosen lr | MU | forget ES | forget ES at the floor | past the crossing | front: lr, "
-             "forget ES / MU |", "|---|---|---|---|---|---|---|---|"]
+    """Markdown: each run's trials in lr order (lr: forget ES / utility), the chosen one in bold."""
+    b, utility = result["bisect"], result.get("utility", "model_utility")
+    u = _short(utility)
+    lines = [f"{result['group']}: lr bisected onto the utility floor {result['utility_floor']} × target {u} "
+             f"{_target(result):.3f} = {result['utility_min']:.3f} (at most {b['max_trials']} trials, "
+             f"tolerance {b['tolerance']}); cells: lr: forget ES / {u}", "",
+             f"| run | trials | chosen lr | {u} | forget ES | forget ES at the floor | past the crossing | front: lr, "
+             f"forget ES / {u} |", "|---|---|---|---|---|---|---|---|"]
     for name, entry in result["runs"].items():
         chosen = entry["chosen"]
         cells = []
         for t in entry["trials"]:
-            cell = f"{t['lr']:.2e}: {t['forget_es']:.3f} / {t['model_utility']:.3f}"
+            cell = f"{t['lr']:.2e}: {t['forget_es']:.3f} / {t[utility]:.3f}"
             cells.append(f"**{cell}**" if t["lr"] == chosen["lr"] else cell)
         cells += [f"{lr:.2e}: diverged" for lr in entry.get("diverged", [])]
         note = "" if chosen["meets_floor"] else " (below floor)"
         note += "" if entry.get("converged", True) else " (not within tolerance)"
         at_floor = entry.get("forget_es_at_floor")
         past = "; ".join(f"{t['lr']:.2e}: diverged" if t.get("diverged") else
-                         f"{t['lr']:.2e}: {t['forget_es']:.3f} / {t['model_utility']:.3f}"
+                         f"{t['lr']:.2e}: {t['forget_es']:.3f} / {t[utility]:.3f}"
                          for t in entry.get("past_crossing", [])) or "–"
         if entry.get("recovers_at"):
             past += " (utility recovers)"
         best = entry.get("front")
-        best = "–" if best is None else f"{best['lr']:.2e}, {best['forget_es']:.3f} / {best['model_utility']:.3f}"
-        lines.append(f"| {name} | " + "; ".join(cells) + f" | {chosen['lr']:.2e}{note} | {chosen['model_utility']:.3f}"
+        best = "–" if best is None else f"{best['lr']:.2e}, {best['forget_es']:.3f} / {best[utility]:.3f}"
+        lines.append(f"| {name} | " + "; ".join(cells) + f" | {chosen['lr']:.2e}{note} | {chosen[utility]:.3f}"
                      f" | {chosen['forget_es']:.3f} | " + ("–" if at_floor is None else f"{at_floor:.3f}")
                      + f" | {past} | {best} |")
     return "\n".join(lines) + "\n"

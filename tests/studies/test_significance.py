@@ -153,3 +153,15 @@ def test_report_seeds_reads_the_models_of_another_experiment_and_names_every_met
     assert "| SimNPO | simnpo |" in text and "| IdkNLL | idknll |" in text
     assert "| T-SimNPO [entropy+nocopy+span] − SimNPO |" in text  # the score that weighs it, as the seeds report's
     assert "| S-SimNPO [entropy+nocopy+span] − SimNPO |" in text and "IdkNLL −" not in text  # no variant to compare
+
+
+def test_report_seeds_without_the_seeds_overlay_names_the_overlay(tmp_path):
+    from click.testing import CliRunner
+
+    from stages.cli import cli
+    from tests.conftest import REPO
+
+    result = CliRunner().invoke(cli, ["report-seeds", "--params", str(REPO / "configs" / "paper.yaml"),
+                                      "--root", str(tmp_path), "--out", str(tmp_path / "report")])
+    assert result.exit_code != 0 and not (tmp_path / "report").exists()
+    assert "no `seeds` section" in str(result.exception) and "--overlay configs/seeds.yaml" in str(result.exception)

@@ -1,13 +1,14 @@
 """Learning-rate tuning: the selection rule on hand-made trials, the bisection onto the utility floor on a
 hand-computed utility curve, and a rerun that finds every trial done."""
 
-import math
-
 import json
+import math
+from pathlib import Path
 
 import pytest
 
 from pipeline.common.errors import DataError, ParamError
+from pipeline.common.params import LEARNING_RATE
 from pipeline.training.engine import TrainConfig
 from pipeline.studies.tradeoff import forget_es_at, front, recovers_at
 from pipeline.studies.tuning import (BisectConfig, TuneConfig, bisect_lr, choice_table, choose,
@@ -169,6 +170,43 @@ def test_bisection_that_never_breaks_the_floor_keeps_the_highest_rate_tried():
     assert found["chosen"]["lr"] == 4e-4 and found["chosen"]["meets_floor"] and not found["converged"]
 
 
+def test_a_bisection_whose_utility_never_falls_stops_at_the_rates_edge_not_converged():
+    # utility never falls: 0.3 -> 0.6 -> (1.2 is outside (0, 1)) stop; nothing past the edge is tried, even as a probe
+    calls = []
+
+    def flat(lr):
+        calls.append(lr)
+        return {"lr": lr, "model_utility": 0.9, "forget_es": 0.3}
+
+    found = bisect_lr(flat, 0.3, 0.855, BisectConfig(max_trials=7), LEARNING_RATE)
+    assert calls == [0.3, 0.6]
+    assert found["chosen"]["lr"] == 0.6 and found["chosen"]["meets_floor"] and not found["converged"]
+    assert "outside the allowed rates (in (0, 1))" in found["stopped"]
+    # a crossing just below the edge: its probes (x2, x4) would leave (0, 1), so none is tried
+    calls.clear()
+    found = bisect_lr(lambda lr: flat(lr) | {"model_utility": 0.9 if lr < 0.5 else 0.8}, 0.3, 0.855,
+                      BisectConfig(max_trials=3), LEARNING_RATE)
+    assert max(calls) == 0.6 and found["past_crossing"] == [] and "stopped" not in found
+
+
+def test_a_rate_read_from_a_choice_file_is_checked_as_the_param_it_stands_for(tmp_path):
+    def choice(run: dict) -> Path:
+        file = tmp_path / "choice.json"
+        file.write_text(json.dumps({"runs": {"npo": run}}))
+        return file
+
+    good = {"chosen": {"lr": 2e-4, "model_utility": 0.86, "meets_floor": True}, "converged": True}
+    assert chosen_lr(choice(good), "npo") == 2e-4
+    for lr in (2.4, -1e-4, 0, "fast", None, float("nan")):
+        with pytest.raises(DataError, match=r"runs\.npo\.chosen\.lr=.*must be in \(0, 1\) \(as unlearn\.train\.lr\)"):
+            chosen_lr(choice({"chosen": {"lr": lr, "meets_floor": True}}), "npo")
+    with pytest.raises(DataError, match="no rate the tuning tried keeps the utility floor"):
+        chosen_lr(choice({"chosen": {"lr": 2e-4, "model_utility": 0.5, "meets_floor": False}}), "npo")
+    (tmp_path / "bad.json").write_text("lr: 2e-4\n")
+    with pytest.raises(DataError, match=r"bad\.json: the tuning choice is not JSON \(.* at line 1, column 1\)"):
+        chosen_lr(tmp_path / "bad.json", "npo")
+
+
 def test_a_diverged_trial_breaks_the_floor_and_the_bracket_is_halved_below_it():
     calls = []
     smooth = curve(calls)
@@ -261,7 +299,43 @@ def test_a_bisecting_tuning_resumes_from_its_trials_and_unlearn_reads_its_choice
     assert result["bisect"]["max_trials"] == 7 and result["lrs"] is None
     assert "**1.33e-04: 0.429 / 0.859**" in choice_table(result)
     assert chosen_lr(tmp_path / "choice.json", "t_ga") == 1.33e-4
-    with pytest.raises(DataError, match="no chosen lr for run 'ga'"):
+    with pytest.raises(DataError, match="no tuning of run 'ga' in it"):
         chosen_lr(tmp_path / "choice.json", "ga")
     with pytest.raises(DataError, match="missing.json"):
         chosen_lr(tmp_path / "missing.json", "ga")
+
+
+def test_the_floor_can_be_held_on_the_users_utility_not_tofus(tmp_path):
+    # tune.utility: retain_es. The trials' model utility (absent on a user's own data) plays no part: with the
+    # floor 0.95 × 0.8 = 0.76 on retain ES, 2e-4 keeps it (0.78) and 4e-4 does not (0.70)
+    evaluations = {1e-4: {"forget_es": 0.8, "retain_es": 0.80}, 2e-4: {"forget_es": 0.5, "retain_es": 0.78},
+                   4e-4: {"forget_es": 0.2, "retain_es": 0.70}}
+    cfg = TuneConfig(lrs=sorted(evaluations), groups={"npo": ["npo"]}, utility="retain_es")
+    seen = []
+
+    def unlearn_one(name, ucfg, train, work):
+        seen.append(train.lr)
+        work.mkdir(parents=True)
+
+    def evaluate_one(model_dir, eval_dir):
+        return evaluations[seen[-1]]
+
+    result = tune_group("npo", {"npo": (None, TrainConfig(lr=1e-4))}, cfg, unlearn_one, evaluate_one, 0.8, tmp_path)
+    assert result["utility"] == "retain_es" and result["target_utility"] == 0.8
+    assert "target_model_utility" not in result  # it would name what it is not
+    assert result["runs"]["npo"]["chosen"] == {"lr": 2e-4, "forget_es": 0.5, "retain_es": 0.78, "meets_floor": True}
+    # 0.5 + (0.02 / 0.08) * (0.2 - 0.5) = 0.425 where retain ES falls to 0.76
+    assert result["runs"]["npo"]["forget_es_at_floor"] == pytest.approx(0.425)
+    assert "cells: forget ES / retain_es" in choice_table(result)
+    assert chosen_lr(tmp_path / "choice.json", "npo") == 2e-4  # unlearn --lr-from reads it as any other
+    plot_tradeoff(result, tmp_path / "tradeoff.png")
+
+
+@pytest.mark.parametrize("utility", ["forget_es", "privleak", "retain es", "lmeval_arc_easy_acc_stderr"])
+def test_a_utility_that_is_no_higher_is_better_share_is_refused(utility):
+    with pytest.raises(ParamError, match=r"tune.utility: .* is not a utility: one of model_utility, retain_es"):
+        TuneConfig.from_params({"utility": utility})
+
+
+def test_an_lm_eval_accuracy_is_a_utility():
+    assert TuneConfig.from_params({"utility": "lmeval_arc_easy_acc_norm"}).utility == "lmeval_arc_easy_acc_norm"

@@ -1,5 +1,8 @@
 """TOFU's benchmark: each set's per-item metrics and aggregates, forget and retain ES and EM, forget quality against
-the retain model's truth ratios, and model utility (the formulas: `tofu_metrics.py`)."""
+the retain model's truth ratios, and model utility (the formulas: `tofu_metrics.py`).
+
+On plain question-answer splits (`evaluate.perturbed` false) the forget and retain sets' ES, EM, ROUGE-L recall and
+probability, with forget_rouge and retain_rouge at the top; what needs perturbed answers is in `EvalConfig.skipped`."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ class TofuSets(Evaluator):
     name, benchmark = "tofu", TOFU
 
     def enabled(self, cfg: EvalConfig) -> bool:
-        return bool(cfg.tofu_sets)
+        return bool(cfg.set_splits)
 
     def prepare(self, ctx: Context) -> None:
         """The retain model's forget prompts (open-unlearning's file, where it has them) against this evaluation's,
@@ -37,17 +40,21 @@ class TofuSets(Evaluator):
         for name, (split, rows) in ctx.inputs.tofu.items():
             result = evaluate_set(model, ctx.tokenizer, ctx.template, rows, name, cfg.batch_size,
                                   cfg.max_new_tokens, name=f"{cfg.source}/{split}", es_definition=cfg.es_definition,
-                                  loss_dtype=cfg.loss_dtype)
+                                  loss_dtype=cfg.loss_dtype, perturbed=cfg.perturbed)
             results[name] = result
             ctx.items[name] = item_records(rows, result)
             ctx.item_meta[name] = {"split": split, "questions_hash": ctx.inputs.questions_hash[name]}
+            if not cfg.perturbed:  # the items' readers (open-unlearning's export) expect no truth ratio then
+                ctx.item_meta[name]["perturbed"] = False
             summary[name] = {"n": len(rows), **{k: rounded(k, v) for k, v in result.aggregates.items()}}
             log.info("%s: %s", split, set_line(summary[name]))
             log.debug("%s: %s", split, summary[name])
         if "forget" in results:
             summary["forget_es"] = summary["forget"]["extraction_strength"]
             summary["forget_em"] = summary["forget"]["exact_memorization"]
-            if ctx.has_retain:
+            if not cfg.perturbed:  # no truth ratio: ROUGE is the generation-side measure left at the top
+                summary["forget_rouge"] = summary["forget"]["rouge_l_recall"]
+            if ctx.has_retain and cfg.perturbed:
                 reference = results["forget"].truth_ratios if ctx.own_retain else ctx.inputs.retain_truth_ratios
                 fq = forget_quality(results["forget"].truth_ratios, reference)
                 ctx.found["forget_quality"] = fq.pvalue  # open-unlearning's layout has it
@@ -55,6 +62,8 @@ class TofuSets(Evaluator):
         if "retain" in results:
             summary["retain_es"] = summary["retain"]["extraction_strength"]
             summary["retain_em"] = summary["retain"]["exact_memorization"]
+            if not cfg.perturbed:  # the utility measure left without model utility's sets
+                summary["retain_rouge"] = summary["retain"]["rouge_l_recall"]
         if all(s in results for s in UTILITY_SETS):
             summary["model_utility"] = round(model_utility({k: v.aggregates for k, v in results.items()}), 6)
         return Part(summary)
@@ -72,5 +81,6 @@ def rounded(metric: str, value: float) -> float | None:
 
 def set_line(aggregates: dict) -> str:
     """A TOFU set's headline numbers, for the log."""
+    tr = f", truth ratio {aggregates['truth_ratio']:.3f}" if "truth_ratio" in aggregates else ""
     return (f"ES {aggregates['extraction_strength']:.3f}, ROUGE-L {aggregates['rouge_l_recall']:.3f}, "
-            f"prob {aggregates['probability']:.3f}, truth ratio {aggregates['truth_ratio']:.3f}, n {aggregates['n']}")
+            f"prob {aggregates['probability']:.3f}{tr}, n {aggregates['n']}")

@@ -1,0 +1,172 @@
+"""The Python API: a forget request from a notebook, on a `transformers` model (or a path), with the CLI's params.
+
+    from pipeline.api import ForgetRequest
+    request = ForgetRequest(model, tokenizer, params="params.yaml", work_dir="artifacts/requests/varnholm")
+    request.prepare(forget=[{"question": ..., "answer": ...}, ...], retain="keep.csv")
+    scores = request.attribute()            # a DataFrame: one row per answer token (Δ, H, φ, the weights)
+    unlearned = request.unlearn("s_npo_ens")  # the unlearned model (transformers)
+    summary = request.evaluate()             # the evaluation's summary (before: request.evaluate("before"))
+    request.export("artifacts/requests/varnholm/export")  # model + card + before/after tables
+
+Each step calls the library functions the stages call (own-data, attribute, reference, unlearn, evaluate,
+export), on the params the CLI reads, with the own-data settings of configs/own-data.yaml (`OWN_DATA`); its
+artifacts go under `work_dir`, so a step reruns alone and the CLI can read them. A model object is saved there
+first (safetensors): every stage reads a model from a path.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from pathlib import Path
+from typing import Any, Iterable
+
+from pipeline.common.errors import ParamError
+from pipeline.common.params import apply_overlay, load_params, section
+
+log = logging.getLogger(__name__)
+
+# What configs/own-data.yaml sets besides the files (a test keeps the two equal): the stages read the splits
+# own-data writes, the evaluation runs what applies to data without perturbed answers, tuning holds retain ES.
+OWN_DATA: dict = {
+    "attribution": {"split": "forget"},
+    "reference": {"split": "retain", "forget_split": "forget"},
+    "unlearn": {"defaults": {"retain_split": "retain"}, "monitor": {"every": 0}},
+    "evaluate": {"perturbed": False, "forget_split": "forget", "retain_split": "retain",
+                 "tofu_sets": ["forget", "retain"], "multiple_choice": None, "probe_sets": ["forget", "retain"]},
+    "tune": {"utility": "retain_es"},
+}
+
+
+def _records_file(records: str | Path | Iterable[dict], path: Path) -> str:
+    """A file the own-data reader checks: the user's own file as it is, or their records as JSON Lines."""
+    if isinstance(records, (str, Path)):
+        return str(records)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for row in records:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return str(path)
+
+
+class ForgetRequest:
+    """One forget request: its model, params and work directory; the steps in order (each reads the last's
+    artifacts under `work_dir`, so a new kernel picks up where the last one stopped)."""
+
+    def __init__(self, model: Any, tokenizer: Any = None, params: str | Path | dict = "params.yaml",
+                 overlays: Iterable[str | Path] = (), overrides: Iterable[str] = (),
+                 work_dir: str | Path = "artifacts/requests/request") -> None:
+        self.work = Path(work_dir)
+        base = copy.deepcopy(params) if isinstance(params, dict) else load_params(params, list(overlays),
+                                                                                   list(overrides))
+        self.params = apply_overlay(base, OWN_DATA, "ForgetRequest's own-data settings")
+        self.model_path = self._model_path(model, tokenizer)
+        self.params["data"]["source"] = str(self.work / "data")
+        for key in ("attribution", "reference", "unlearn"):
+            self.params[key]["model"] = self.model_path
+
+    def _model_path(self, model: Any, tokenizer: Any) -> str:
+        if isinstance(model, (str, Path)):
+            return str(model)
+        if not hasattr(model, "save_pretrained") or tokenizer is None:
+            raise ParamError("model: a transformers model with its tokenizer, or a model directory's path")
+        path = self.work / "model_before"
+        model.save_pretrained(path, safe_serialization=True)  # safetensors: never a pickle
+        tokenizer.save_pretrained(path)
+        return str(path)
+
+    # --- the steps -------------------------------------------------------------------------------------------
+
+    def prepare(self, forget, retain, holdout=None, fields: dict | None = None) -> dict:
+        """Check the forget and retain data (and a holdout set), each a file (JSON Lines, JSON, CSV, Parquet) or a
+        list of {question, answer} (or {text}) records, and write them as splits; returns own-data's manifest."""
+        from pipeline.common.atomic import hold_outputs
+        from pipeline.common.modeling import load_tokenizer
+        from pipeline.data.config import DataConfig
+        from pipeline.data.own_data import write_splits
+
+        data = self.params["data"]
+        for name, records in (("forget", forget), ("retain", retain), ("holdout", holdout)):
+            if records is None:
+                data.pop(name, None)
+                continue
+            path = _records_file(records, self.work / "input" / f"{name}.jsonl")
+            data[name] = {"path": path, "fields": fields} if fields else path
+        cfg = DataConfig.from_params(section(self.params, "data"))
+        with hold_outputs(cfg.source):
+            return write_splits(cfg, Path(cfg.source), load_tokenizer(self.model_path))
+
+    def attribute(self):
+        """Stage one on the forget set: the token scores as a DataFrame (`token_scores`)."""
+        from pipeline.attribution.inspect import token_scores
+        from pipeline.attribution.run import AttributionConfig, run_attribution
+        from pipeline.common.atomic import hold_outputs
+        from pipeline.data.config import DataConfig
+
+        out = self.work / "attribution"
+        with hold_outputs(out):
+            run_attribution(AttributionConfig.from_params(section(self.params, "attribution")),
+                            DataConfig.from_params(section(self.params, "data")), out, self.work / "attribution.json")
+        weighting = section(self.params, "unlearn.weightings")
+        return token_scores(out, r=weighting["hard"]["r"], tau=weighting["soft"]["tau"])
+
+    def unlearn(self, run: str, seed: int = 0):
+        """Run `run` of unlearn.runs (θ_o's retain cache first, where its retain term reads one) and return the
+        unlearned model."""
+        from pipeline.attribution.reference import ReferenceConfig, run_reference
+        from pipeline.common.atomic import hold_outputs
+        from pipeline.common.modeling import load_model
+        from pipeline.data.config import DataConfig
+        from pipeline.training.run_config import run_configs
+        from pipeline.training.unlearn import run_unlearn_seeds
+
+        cfg, train = run_configs(self.params, run)
+        data = DataConfig.from_params(section(self.params, "data"))
+        reference = self.work / "reference"
+        if not (reference / "_manifest.json").is_file():
+            with hold_outputs(reference):
+                run_reference(ReferenceConfig.from_params(section(self.params, "reference")), data, reference,
+                              self.work / "reference.json")
+        self.run, out = run, self.work / "unlearn" / run
+        with hold_outputs(out):
+            run_unlearn_seeds(run, cfg, train, data, self.model_path, self.work / "attribution", out,
+                              self.work / "checkpoints" / run, self.work / "plots" / run, [seed], True, reference)
+        self.unlearned = out / f"seed{seed}" / "model"
+        return load_model(self.unlearned)
+
+    def evaluate(self, which: str = "after") -> dict:
+        """Evaluate the model `before` unlearning or `after` it on the forget and retain sets (and what else the
+        params name that applies); returns the summary."""
+        from pipeline.common.atomic import hold_outputs
+        from pipeline.evaluation.config import eval_config
+        from pipeline.evaluation.evaluate import evaluate_model
+
+        if which not in ("before", "after"):
+            raise ParamError(f"evaluate: which={which!r}: before or after")
+        model = self.model_path if which == "before" else str(self._unlearned())
+        out = self.work / "eval" / which
+        with hold_outputs(out):
+            return evaluate_model(model, eval_config(self.params), out, None)
+
+    def export(self, out: str | Path, retain_sample: int = 20) -> dict:
+        """The unlearned model with its model card and the before/after tables (`tokenunlearn export`); both
+        evaluations are made first where they are not there."""
+        from pipeline.common.atomic import hold_outputs
+        from pipeline.studies.request import export_request, run_settings
+        from pipeline.training.run_config import run_configs
+
+        for which in ("before", "after"):
+            if not (self.work / "eval" / which / "metrics.json").is_file():
+                self.evaluate(which)
+        run_config = run_settings(*run_configs(self.params, self.run))
+        manifest = json.loads((self.work / "data" / "manifest.json").read_text())
+        with hold_outputs(out):
+            return export_request(self.run, run_config, self._unlearned(), self.work / "eval" / "before",
+                                  self.work / "eval" / "after", Path(out), manifest, retain_sample)
+
+    def _unlearned(self) -> Path:
+        if getattr(self, "unlearned", None) is None:
+            raise ParamError("no unlearned model yet: call unlearn(RUN) first")
+        return self.unlearned
+

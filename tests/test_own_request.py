@@ -1,0 +1,90 @@
+"""The worked example of docs/own-data.md, on the tiny model: 20 facts about one author forgotten by the CLI's
+commands and by the Python API, which call the same functions and so make the same model; what the user gets
+back (the model card, the before/after tables); and the API's own-data settings are configs/own-data.yaml's."""
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipeline.common.params import load_params
+
+from tests.conftest import REPO, load_weights
+
+FACTS = REPO / "docs" / "examples" / "varnholm_facts.jsonl"
+pytestmark = pytest.mark.slow  # two unlearning runs and four evaluations, about a minute
+
+
+def _settings(tmp_path: Path, micro_world_dir: Path, micro_model_dir: Path) -> list[str]:
+    """The worked example's overrides for a quick run on the tiny model (the docs run the demo's target)."""
+    return [f"data.source={tmp_path / 'own_data'}", f"data.retain={micro_world_dir / 'retain90.json'}",
+            f"attribution.model={micro_model_dir}", f"reference.model={micro_model_dir}",
+            f"unlearn.model={micro_model_dir}", "unlearn.train.epochs=1", "evaluate.max_new_tokens=16",
+            "attribution.tagger=spacy"]
+
+
+def test_the_worked_example_by_the_cli_and_by_python_makes_the_same_model(tmp_path, micro_world_dir,
+                                                                         micro_model_dir, monkeypatch):
+    from stages.cli import run
+
+    monkeypatch.chdir(REPO)  # the docs' relative paths
+    sets = [a for s in _settings(tmp_path, micro_world_dir, micro_model_dir) for a in ("-S", s)]
+    common = ["--overlay", "configs/own-data.yaml", *sets]
+    cli = tmp_path / "cli"
+    steps = [["own-data", *common],
+             ["attribute", *common, "--out", str(cli / "attribution"), "--metrics", str(cli / "attribution.json")],
+             ["reference", *common, "--out", str(cli / "reference"), "--metrics", str(cli / "reference.json")],
+             ["evaluate", "target", *common, "--model", str(micro_model_dir), "--out", str(cli / "eval/before")],
+             ["unlearn", "s_npo_ens", *common, "--shards", str(cli / "attribution"), "--reference",
+              str(cli / "reference"), "--out", str(cli / "unlearn")],
+             ["evaluate", "s_npo_ens", *common, "--model", str(cli / "unlearn/seed0/model"), "--out",
+              str(cli / "eval/after")],
+             ["export", "s_npo_ens", *common, "--model", str(cli / "unlearn/seed0/model"), "--before",
+              str(cli / "eval/before"), "--after", str(cli / "eval/after"), "--out", str(cli / "export")]]
+    for step in steps:
+        assert run(step) == 0, step[0]
+
+    # what the user gets back: save_pretrained's layout, the model card, every forget item before and after
+    export = cli / "export"
+    assert {"config.json", "model.safetensors", "tokenizer.json", "README.md"} <= {p.name for p in export.iterdir()}
+    card = (export / "README.md").read_text()
+    assert "docs/examples/varnholm_facts.jsonl` (20 pairs" in card and "method: `npo`, weighting: `soft`" in card
+    assert "Not measured on this data: truth_ratio" in card and "tokenunlearn 0.1.0" in card
+    forget = pq.read_table(export / "before_after" / "forget.parquet").to_pylist()
+    facts = [json.loads(line) for line in FACTS.read_text().splitlines()]
+    assert [r["question"] for r in forget] == [f["question"] for f in facts]
+    assert all(0 <= r["probability_after"] <= 1 and isinstance(r["comes_out_after"], bool) for r in forget)
+    assert len(pq.read_table(export / "before_after" / "retain.parquet")) == 15  # the micro world: 15, under 20
+
+    # the same request from Python, on a model object and the facts as records
+    from pipeline.api import ForgetRequest
+    from pipeline.common.modeling import load_model, load_tokenizer
+
+    params = load_params("params.yaml", [], [s for s in _settings(tmp_path, micro_world_dir, micro_model_dir)
+                                             if not s.startswith("data.source")])
+    request = ForgetRequest(load_model(micro_model_dir), load_tokenizer(micro_model_dir), params=params,
+                            work_dir=tmp_path / "api")
+    manifest = request.prepare(forget=facts, retain=micro_world_dir / "retain90.json")
+    assert manifest["sets"]["forget"]["rows"] == 20
+    scores = request.attribute()
+    assert scores["sample_id"].nunique() == 20 and {"delta", "entropy", "phi"} <= set(scores.columns)
+    unlearned = request.unlearn("s_npo_ens")
+    assert type(unlearned).__name__ == "LlamaForCausalLM"
+    summary = request.evaluate()
+    assert 0 <= summary["forget_es"] <= 1 and "model_utility" in summary["skipped"]
+    request.export(tmp_path / "api" / "export")
+    assert (tmp_path / "api" / "export" / "README.md").is_file()
+    # the same functions on the same inputs: the same weights as the CLI's
+    cli_weights, api_weights = load_weights(cli / "unlearn/seed0/model"), load_weights(request.unlearned)
+    assert cli_weights.keys() == api_weights.keys()
+    assert all((cli_weights[k] == api_weights[k]).all() for k in cli_weights)
+
+
+def test_the_apis_own_data_settings_are_the_overlays():
+    from pipeline.api import OWN_DATA
+
+    overlay = yaml.safe_load((REPO / "configs" / "own-data.yaml").read_text())
+    overlay.pop("data")  # the files: the API takes them as arguments
+    assert overlay == OWN_DATA

@@ -4,11 +4,12 @@
     request = ForgetRequest(model, tokenizer, params="params.yaml", work_dir="artifacts/requests/varnholm")
     request.prepare(forget=[{"question": ..., "answer": ...}, ...], retain="keep.csv")
     scores = request.attribute()            # a DataFrame: one row per answer token (Δ, H, φ, the weights)
-    unlearned = request.unlearn("s_npo_ens")  # the unlearned model (transformers)
+    lr = request.tune("s_npo_ens")           # its rate bisected onto the utility floor (optional)
+    unlearned = request.unlearn("s_npo_ens")  # the unlearned model (transformers), at that rate
     summary = request.evaluate()             # the evaluation's summary (before: request.evaluate("before"))
     request.export("artifacts/requests/varnholm/export")  # model + card + before/after tables
 
-Each step calls the library functions the stages call (own-data, attribute, reference, unlearn, evaluate,
+Each step calls the library functions the stages call (own-data, attribute, reference, tune, unlearn, evaluate,
 export), on the params the CLI reads, with the own-data settings of configs/own-data.yaml (`OWN_DATA`); its
 artifacts go under `work_dir`, so a step reruns alone and the CLI can read them. A model object is saved there
 first (safetensors): every stage reads a model from a path.
@@ -111,10 +112,26 @@ class ForgetRequest:
         weighting = section(self.params, "unlearn.weightings")
         return token_scores(out, r=weighting["hard"]["r"], tau=weighting["soft"]["tau"])
 
+    def tune(self, run: str) -> float:
+        """Bisect `run`'s learning rate onto the utility floor (tune.utility_floor × the model's own tune.utility
+        before unlearning; tune.utility is retain ES here), as `tokenunlearn tune --run RUN` does; `unlearn(run)`
+        then trains at that rate. Returns the rate (the tuning: work_dir/tuning/RUN/choice.json)."""
+        from pipeline.common.atomic import hold_outputs
+        from pipeline.studies.tune_runs import chosen_lr, run_tuning
+
+        if not (self.work / "eval" / "before" / "metrics.json").is_file():
+            self.evaluate("before")
+        out = self.work / "tuning" / run
+        with hold_outputs(out):
+            run_tuning(self.params, run, [run], self.work / "attribution", self._reference(),
+                       self.work / "eval" / "before" / "metrics.json", None, out)
+        lr = chosen_lr(out / "choice.json", run)  # checked as unlearn.train.lr is, and as `unlearn --lr-from` reads it
+        self.params["unlearn"]["runs"][run].setdefault("train", {})["lr"] = lr
+        return lr
+
     def unlearn(self, run: str, seed: int = 0):
         """Run `run` of unlearn.runs (θ_o's retain cache first, where its retain term reads one) and return the
         unlearned model."""
-        from pipeline.attribution.reference import ReferenceConfig, run_reference
         from pipeline.common.atomic import hold_outputs
         from pipeline.common.modeling import load_model
         from pipeline.data.config import DataConfig
@@ -123,17 +140,27 @@ class ForgetRequest:
 
         cfg, train = run_configs(self.params, run)
         data = DataConfig.from_params(section(self.params, "data"))
-        reference = self.work / "reference"
-        if not (reference / "_manifest.json").is_file():
-            with hold_outputs(reference):
-                run_reference(ReferenceConfig.from_params(section(self.params, "reference")), data, reference,
-                              self.work / "reference.json")
+        reference = self._reference()
         self.run, out = run, self.work / "unlearn" / run
         with hold_outputs(out):
             run_unlearn_seeds(run, cfg, train, data, self.model_path, self.work / "attribution", out,
                               self.work / "checkpoints" / run, self.work / "plots" / run, [seed], True, reference)
         self.unlearned = out / f"seed{seed}" / "model"
         return load_model(self.unlearned)
+
+    def _reference(self) -> Path:
+        """θ_o's top-k on the retain data (`tokenunlearn reference`), made once under work_dir."""
+        from pipeline.attribution.reference import ReferenceConfig, run_reference
+        from pipeline.common.atomic import hold_outputs
+        from pipeline.data.config import DataConfig
+
+        reference = self.work / "reference"
+        if not (reference / "_manifest.json").is_file():
+            with hold_outputs(reference):
+                run_reference(ReferenceConfig.from_params(section(self.params, "reference")),
+                              DataConfig.from_params(section(self.params, "data")), reference,
+                              self.work / "reference.json")
+        return reference
 
     def evaluate(self, which: str = "after") -> dict:
         """Evaluate the model `before` unlearning or `after` it on the forget and retain sets (and what else the

@@ -17,11 +17,12 @@ from pipeline.common.distributed import init_distributed
 from pipeline.common.params import section
 from pipeline.data.config import DataConfig
 from pipeline.evaluation.monitor import monitor_from_params
+from pipeline.studies.tune_runs import chosen_lr
 from pipeline.training.run_config import run_configs
 from pipeline.training.seeds import check_seeds
 from pipeline.training.unlearn import run_unlearn_seeds
 
-from .options import NAME, chosen_lr, params_options, reference_option, shards_option
+from .options import NAME, params_options, reference_option, shards_option
 
 log = logging.getLogger(__name__)
 

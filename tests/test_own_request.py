@@ -14,7 +14,7 @@ from pipeline.common.params import load_params
 from tests.conftest import REPO, load_weights
 
 FACTS = REPO / "docs" / "examples" / "varnholm_facts.jsonl"
-pytestmark = pytest.mark.slow  # two unlearning runs and four evaluations, about a minute
+pytestmark = pytest.mark.slow  # two tunings of 2 trials, two unlearning runs and four evaluations
 
 
 def _settings(tmp_path: Path, micro_world_dir: Path, micro_model_dir: Path) -> list[str]:
@@ -22,7 +22,7 @@ def _settings(tmp_path: Path, micro_world_dir: Path, micro_model_dir: Path) -> l
     return [f"data.source={tmp_path / 'own_data'}", f"data.retain={micro_world_dir / 'retain90.json'}",
             f"attribution.model={micro_model_dir}", f"reference.model={micro_model_dir}",
             f"unlearn.model={micro_model_dir}", "unlearn.train.epochs=1", "evaluate.max_new_tokens=16",
-            "attribution.tagger=spacy"]
+            "attribution.tagger=spacy", "tune.bisect.max_trials=2", "tune.bisect.probe_past=[]"]
 
 
 def test_the_worked_example_by_the_cli_and_by_python_makes_the_same_model(tmp_path, micro_world_dir,
@@ -37,8 +37,10 @@ def test_the_worked_example_by_the_cli_and_by_python_makes_the_same_model(tmp_pa
              ["attribute", *common, "--out", str(cli / "attribution"), "--metrics", str(cli / "attribution.json")],
              ["reference", *common, "--out", str(cli / "reference"), "--metrics", str(cli / "reference.json")],
              ["evaluate", "target", *common, "--model", str(micro_model_dir), "--out", str(cli / "eval/before")],
+             ["tune", "--run", "s_npo_ens", *common, "--shards", str(cli / "attribution"), "--reference",
+              str(cli / "reference"), "--target-results", str(cli / "eval/before.json"), "--out", str(cli / "tuning")],
              ["unlearn", "s_npo_ens", *common, "--shards", str(cli / "attribution"), "--reference",
-              str(cli / "reference"), "--out", str(cli / "unlearn")],
+              str(cli / "reference"), "--lr-from", str(cli / "tuning/choice.json"), "--out", str(cli / "unlearn")],
              ["evaluate", "s_npo_ens", *common, "--model", str(cli / "unlearn/seed0/model"), "--out",
               str(cli / "eval/after")],
              ["export", "s_npo_ens", *common, "--model", str(cli / "unlearn/seed0/model"), "--before",
@@ -70,6 +72,9 @@ def test_the_worked_example_by_the_cli_and_by_python_makes_the_same_model(tmp_pa
     assert manifest["sets"]["forget"]["rows"] == 20
     scores = request.attribute()
     assert scores["sample_id"].nunique() == 20 and {"delta", "entropy", "phi"} <= set(scores.columns)
+    lr = request.tune("s_npo_ens")  # the CLI's tune on the same functions: the same trials, the same rate
+    cli_choice = json.loads((cli / "tuning" / "choice.json").read_text())["runs"]["s_npo_ens"]
+    assert lr == cli_choice["chosen"]["lr"] and len(cli_choice["trials"]) == 2
     unlearned = request.unlearn("s_npo_ens")
     assert type(unlearned).__name__ == "LlamaForCausalLM"
     summary = request.evaluate()

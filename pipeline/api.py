@@ -40,6 +40,19 @@ OWN_DATA: dict = {
 }
 
 
+def passage_settings(source: str | Path) -> dict:
+    """What configs/own-passages.yaml sets besides the files, for the splits own-data wrote into `source` (a test
+    keeps the two equal): stage one in corpus mode on the forget passages, the retain term and θ_o's cache on the
+    retain passages, the probes read with the `passage` template."""
+    return {"data": {"template": "passage"},
+            "attribution": {"mode": "corpus", "corpus": f"{source}/forget_corpus.jsonl"},
+            "reference": {"corpus": f"{source}/retain_corpus.jsonl"},
+            "unlearn": {"defaults": {"retain_corpus": f"{source}/retain_corpus.jsonl"}}}
+
+
+HOLDOUT = {"evaluate": {"mia": {"holdout_split": "holdout"}}}  # given a holdout set: membership inference against it
+
+
 def _records_file(records: str | Path | Iterable[dict], path: Path) -> str:
     """A file the own-data reader checks: the user's own file as it is, or their records as JSON Lines."""
     if isinstance(records, (str, Path)):
@@ -81,7 +94,8 @@ class ForgetRequest:
 
     def prepare(self, forget, retain, holdout=None, fields: dict | None = None) -> dict:
         """Check the forget and retain data (and a holdout set), each a file (JSON Lines, JSON, CSV, Parquet) or a
-        list of {question, answer} (or {text}) records, and write them as splits; returns own-data's manifest."""
+        list of {question, answer} (or {text}) records, and write them as splits; returns own-data's manifest.
+        Passages set the passage settings (`passage_settings`), a holdout set membership inference against it."""
         from pipeline.common.atomic import hold_outputs
         from pipeline.common.modeling import load_tokenizer
         from pipeline.data.config import DataConfig
@@ -96,7 +110,12 @@ class ForgetRequest:
             data[name] = {"path": path, "fields": fields} if fields else path
         cfg = DataConfig.from_params(section(self.params, "data"))
         with hold_outputs(cfg.source):
-            return write_splits(cfg, Path(cfg.source), load_tokenizer(self.model_path))
+            manifest = write_splits(cfg, Path(cfg.source), load_tokenizer(self.model_path))
+        if manifest["sets"]["forget"]["kind"] == "text":
+            self.params = apply_overlay(self.params, passage_settings(cfg.source), "ForgetRequest's passage settings")
+        if "holdout" in manifest["sets"] and not section(self.params, "evaluate").get("mia"):
+            self.params = apply_overlay(self.params, HOLDOUT, "ForgetRequest's holdout setting")
+        return manifest
 
     def attribute(self):
         """Stage one on the forget set: the token scores as a DataFrame (`token_scores`)."""

@@ -93,3 +93,79 @@ def test_the_apis_own_data_settings_are_the_overlays():
     overlay = yaml.safe_load((REPO / "configs" / "own-data.yaml").read_text())
     overlay.pop("data")  # the files: the API takes them as arguments
     assert overlay == OWN_DATA
+
+
+def _biographies(world_dir: Path) -> dict[str, list[dict]]:
+    """The world's biography passages as a passage request: the forget10 authors' to forget, the other trained
+    authors' to keep, the holdout authors' (never trained on) for membership inference."""
+    rows = [json.loads(line) for line in (world_dir / "biographies.json").read_text().splitlines()]
+    return {"forget": [{"text": r["text"]} for r in rows if "forget10" in r["forget_splits"]],
+            "retain": [{"text": r["text"]} for r in rows if r["group"] == "trained" and not r["forget_splits"]],
+            "holdout": [{"text": r["text"]} for r in rows if r["group"] == "holdout"]}
+
+
+def test_a_passage_request_by_the_cli_and_by_python(tmp_path, micro_world_dir, micro_model_dir, monkeypatch):
+    """Documents to forget: stage one in corpus mode, the retain term on the kept passages, and an evaluation of
+    verbatim memorization (each passage's first part prompting its rest) with membership inference against the
+    holdout passages; the CLI (over configs/own-passages.yaml) and the API make the same model."""
+    from stages.cli import run
+
+    monkeypatch.chdir(REPO)
+    sets = _biographies(micro_world_dir)
+    files = {}
+    for name, rows in sets.items():
+        files[name] = tmp_path / "input" / f"{name}.jsonl"
+        files[name].parent.mkdir(exist_ok=True)
+        files[name].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    source = tmp_path / "own_data"
+    settings = [s for s in _settings(tmp_path, micro_world_dir, micro_model_dir) if not s.startswith("data.")]
+    settings += [f"data.source={source}", *(f"data.{n}={f}" for n, f in files.items()),
+                 f"attribution.corpus={source}/forget_corpus.jsonl", f"reference.corpus={source}/retain_corpus.jsonl",
+                 f"unlearn.defaults.retain_corpus={source}/retain_corpus.jsonl", "evaluate.mia.attacks=[loss,min_k]"]
+    common = ["--overlay", "configs/own-data.yaml", "--overlay", "configs/own-passages.yaml",
+              *[a for s in settings for a in ("-S", s)]]
+    cli = tmp_path / "cli"
+    steps = [["own-data", *common],
+             ["attribute", *common, "--out", str(cli / "attribution"), "--metrics", str(cli / "attribution.json")],
+             ["reference", *common, "--out", str(cli / "reference"), "--metrics", str(cli / "reference.json")],
+             ["unlearn", "s_npo_ens", *common, "--shards", str(cli / "attribution"), "--reference",
+              str(cli / "reference"), "--out", str(cli / "unlearn")],
+             ["evaluate", "s_npo_ens", *common, "--model", str(cli / "unlearn/seed0/model"), "--out",
+              str(cli / "eval/after")]]
+    for step in steps:
+        assert run(step) == 0, step[0]
+
+    # the probes: each forget passage is its first part and its rest, verbatim
+    probes = [json.loads(line) for line in (source / "forget.json").read_text().splitlines()]
+    assert [p["question"] + p["answer"] for p in probes] == [r["text"] for r in sets["forget"]]
+    attribution = json.loads((cli / "attribution.json").read_text())
+    assert attribution["config"]["mode"] == "corpus" and attribution["samples"] == len(sets["forget"])
+    summary = json.loads((cli / "eval/after/metrics.json").read_text())
+    assert 0 <= summary["forget_es"] <= 1 and 0 <= summary["retain_es"] <= 1
+    assert 0 <= summary["mia"]["min_k"]["auc"] <= 1  # forget passages against the holdout ones
+    assert "truth_ratio" in summary["skipped"]
+
+    from pipeline.api import ForgetRequest
+    from pipeline.common.modeling import load_model, load_tokenizer
+
+    params = load_params("params.yaml", [], [s for s in _settings(tmp_path, micro_world_dir, micro_model_dir)
+                                             if not s.startswith("data.")]
+                         + ["evaluate.mia={holdout_split: holdout, attacks: [loss, min_k]}"])
+    request = ForgetRequest(load_model(micro_model_dir), load_tokenizer(micro_model_dir), params=params,
+                            work_dir=tmp_path / "api")
+    request.prepare(**sets)
+    assert request.params["attribution"]["mode"] == "corpus" and request.params["evaluate"]["mia"]["holdout_split"]
+    request.attribute()
+    request.unlearn("s_npo_ens")
+    cli_weights, api_weights = load_weights(cli / "unlearn/seed0/model"), load_weights(request.unlearned)
+    assert all((cli_weights[k] == api_weights[k]).all() for k in cli_weights)
+
+
+def test_the_apis_passage_settings_are_the_overlays():
+    from pipeline.api import HOLDOUT, passage_settings
+    from pipeline.common.params import apply_overlay
+
+    overlay = yaml.safe_load((REPO / "configs" / "own-passages.yaml").read_text())
+    for name in ("forget", "retain", "holdout"):  # the files: the API takes them as arguments
+        overlay["data"].pop(name)
+    assert overlay == apply_overlay(passage_settings("artifacts/own_data"), HOLDOUT)

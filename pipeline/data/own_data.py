@@ -6,6 +6,12 @@ checks them across files (no question twice in the forget or holdout set, none i
 writes `forget.json`, `retain.json`, `holdout.json` (JSON Lines of {question, answer}, what `tofu.load_split`
 reads) or, for passages, `forget_corpus.jsonl`, `retain_corpus.jsonl`, `holdout_corpus.jsonl` ({text}), with a
 manifest of what was read.
+
+A passage request is evaluated on verbatim memorization: each passage is cut once, at the sentence boundary nearest
+its middle (a one-sentence passage at the space nearest it), and its first part prompts its rest, so the QA
+evaluation's probes (extraction strength, exact memorization, ROUGE-L, probability, sampling, membership inference)
+read the rest as the "answer" (`passage_probe`; the probes go to `forget.json` etc. beside the corpora, read with
+the `passage` template: no tags, so prompt and answer are the passage's own text). MUSE's VerbMem cuts the same way.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -23,11 +30,14 @@ from pipeline.data.own_files import SETS, DataFile, is_set, read_file, read_reco
 from pipeline.data.templates import encode_qa, encode_text, get_template
 
 __all__ = ["DataFile", "read_records", "data_files", "check_unique", "check_disjoint", "check_lengths",
-           "write_splits"]
+           "passage_probe", "write_splits"]
 
 log = logging.getLogger(__name__)
 
 OUTPUTS = {"qa": "{name}.json", "text": "{name}_corpus.jsonl"}
+PROBES = "{name}.json"           # a passage set's probes: {question: its first part, answer: its rest}
+SENTENCE_BOUNDARY = re.compile(r"(?<=[.!?])\s+")
+KINDS = {"qa": "question-answer pairs", "text": "passages"}
 WRITTEN_BY = "tokenunlearn own-data"  # the manifest's mark: only a directory carrying it is ever replaced
 
 
@@ -108,6 +118,21 @@ def _quiet_logger(name: str) -> Iterator[None]:
         logger.setLevel(level)
 
 
+def passage_probe(text: str, where: str) -> dict:
+    """A passage as a verbatim probe: {question: its text up to the cut, answer: the rest, from the whitespace on},
+    so that question + answer is the passage itself. The cut is the sentence boundary nearest the middle; a passage of
+    one sentence is cut at the whitespace nearest it; one with no whitespace inside cannot be probed."""
+    body = text.rstrip()
+    middle = len(body) / 2
+    cuts = [m.start() for m in SENTENCE_BOUNDARY.finditer(body)] or \
+        [m.start() for m in re.finditer(r"\s+", body) if m.start() > 0]
+    if not cuts:
+        raise DataError(f"{where}: a passage of one word ({short(text)}): its first part prompts its rest in the "
+                        "evaluation, so it needs at least two words; make it longer or remove it")
+    cut = min(cuts, key=lambda c: (abs(c - middle), c))
+    return {"question": body[:cut], "answer": body[cut:]}
+
+
 # ---- writing ---------------------------------------------------------------------------------------------------
 
 def _check_replaceable(out_dir: Path) -> None:
@@ -143,10 +168,13 @@ def write_splits(cfg: DataConfig, out_dir: str | Path, tokenizer) -> dict:
     where = {name: f"{spec.path} (data.{name})" for name, spec in specs.items()}
     forget = read["forget"]
     if "holdout" in read and read["holdout"].spec.kind != forget.spec.kind:
-        kinds = {"qa": "question-answer pairs", "text": "passages"}
-        raise DataError(f"{where['holdout']}: holds {kinds[read['holdout'].spec.kind]} but data.forget holds "
-                        f"{kinds[forget.spec.kind]}; the holdout set is of the forget set's kind (membership "
+        raise DataError(f"{where['holdout']}: holds {KINDS[read['holdout'].spec.kind]} but data.forget holds "
+                        f"{KINDS[forget.spec.kind]}; the holdout set is of the forget set's kind (membership "
                         "inference compares them)")
+    if read["retain"].spec.kind != forget.spec.kind:  # one template probes both sets (the passages': no tags)
+        raise DataError(f"{where['retain']}: holds {KINDS[read['retain'].spec.kind]} but data.forget holds "
+                        f"{KINDS[forget.spec.kind]}; a request is of one kind, since the evaluation probes both sets "
+                        "the same way: give what to keep as " + KINDS[forget.spec.kind])
     for name in ("forget", "holdout"):
         if name in read:
             check_unique(read[name].records, read[name].spec.kind, where[name])
@@ -158,7 +186,7 @@ def write_splits(cfg: DataConfig, out_dir: str | Path, tokenizer) -> dict:
             check_disjoint(read[a].records, where[a], read[b].records, where[b], read[a].spec.kind, why)
 
     template = get_template(cfg.template)
-    sets, kept = {}, {}
+    sets, kept, probes = {}, {}, {}
     for name, r in read.items():
         kept[name], skipped = check_lengths(r.records, tokenizer, template, cfg.max_length, where[name],
                                             cfg.skip_too_long)
@@ -170,11 +198,18 @@ def write_splits(cfg: DataConfig, out_dir: str | Path, tokenizer) -> dict:
         sets[name] = {"path": r.spec.path, "sha256": r.sha256, "fields": r.spec.field_map, "kind": r.spec.kind,
                       "file": OUTPUTS[r.spec.kind].format(name=name), "rows": len(kept[name]),
                       "rows_skipped": len(skipped), "skipped_rows": skipped}
+        if r.spec.kind == "text":
+            sets[name]["probes"] = PROBES.format(name=name)
+            probe = {id(row): passage_probe(row["text"], f"{where[name]}: row {i}")  # the file's row numbers
+                     for i, row in enumerate(r.records, start=1)}
+            probes[name] = [probe[id(row)] for row in kept[name]]
     manifest = {"written_by": WRITTEN_BY, "schema_version": 1, "max_length": cfg.max_length,
                 "skip_too_long": cfg.skip_too_long, "template": cfg.template,
                 "tokenizer": str(getattr(tokenizer, "name_or_path", "")), "sets": sets}
     with atomic_dir(out_dir) as tmp:
         for name, s in sets.items():
             write_jsonl(tmp / s["file"], kept[name])
+        for name, rows in probes.items():
+            write_jsonl(tmp / sets[name]["probes"], rows)
         write_json(tmp / "manifest.json", manifest)
     return manifest

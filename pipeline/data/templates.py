@@ -120,6 +120,7 @@ TEMPLATES: dict[str, PromptTemplate] = {
         PromptTemplate("chat", apply_chat_template=True),                # the tokenizer's own chat template
         PromptTemplate("qwen3", apply_chat_template=True, chat_template_kwargs=(("enable_thinking", False),)),
         PromptTemplate("plain", user_end_tag="\n"),                      # the embedded model's
+        PromptTemplate("passage"),   # no tags: a passage's first part prompts its rest (own-data's passage probes)
     )
 }
 

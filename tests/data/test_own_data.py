@@ -148,6 +148,34 @@ def test_passages_are_written_as_corpora(micro_tokenizer):
     assert [p["text"] for p in load_passages("out/forget_corpus.jsonl")] == ["Ana Lind was born in Tartu.",
                                                                               "She wrote two novels."]
     assert [p["text"] for p in load_passages("out/retain_corpus.jsonl", forget=False)] == ["Jon Berg wrote poems."]
+    # and each passage's verbatim probe: its first part prompts its rest (the cut nearest the middle)
+    assert manifest["sets"]["forget"]["probes"] == "forget.json"
+    assert load_split("out", "forget") == [{"question": "Ana Lind was", "answer": " born in Tartu."},
+                                           {"question": "She wrote", "answer": " two novels."}]
+
+
+@pytest.mark.parametrize("text, question, answer", [
+    ("Ana Lind was born in Tartu. She wrote two novels. Both were translated.",  # the sentence end nearest the middle
+     "Ana Lind was born in Tartu.", " She wrote two novels. Both were translated."),
+    ("Born 1950. Died 2001, in Tartu, Estonia.", "Born 1950.", " Died 2001, in Tartu, Estonia."),
+    ("Ana Lind was born in Tartu.", "Ana Lind was", " born in Tartu."),  # one sentence: the space nearest the middle
+    ("Two  words\n", "Two", "  words"),
+])
+def test_a_passage_probe_is_cut_once_near_its_middle(text, question, answer):
+    from pipeline.data.own_data import passage_probe
+
+    assert passage_probe(text, "f") == {"question": question, "answer": answer}
+
+
+def test_a_one_word_passage_or_a_request_of_two_kinds_is_refused(micro_tokenizer):
+    jsonl("p.jsonl", [{"text": "Ana Lind was born in Tartu."}, {"text": "Tartu"}])
+    assert refused(micro_tokenizer, forget="p.jsonl", retain=jsonl("q.jsonl", [{"text": "Jon Berg wrote."}])) == (
+        "p.jsonl (data.forget): row 2: a passage of one word ('Tartu'): its first part prompts its rest in the "
+        "evaluation, so it needs at least two words; make it longer or remove it")
+    jsonl("p.jsonl", [{"text": "Ana Lind was born in Tartu."}])
+    assert refused(micro_tokenizer, forget="p.jsonl") == (
+        "retain.jsonl (data.retain): holds question-answer pairs but data.forget holds passages; a request is of "
+        "one kind, since the evaluation probes both sets the same way: give what to keep as passages")
 
 
 def test_the_benchmark_config_is_unchanged():

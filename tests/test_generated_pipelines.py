@@ -126,3 +126,36 @@ def test_a_mistake_in_a_spec_is_an_error_that_names_it(tmp_path, stage, message)
     spec = f"with: {{config: '', root: artifacts/demo, input: in}}\nstages:\n  a: {stage}\n"
     with pytest.raises(DataError, match=re.escape(message)):
         _render(tmp_path, spec, KIND)
+
+
+def params_missing(root) -> list[tuple[str, str, str]]:
+    """Every (stage, file, key) of a params dependency, as DVC resolves the stages of `root`'s dvc.yaml files
+    (foreach and matrix expanded), whose key is not in its file."""
+    from pathlib import Path
+
+    from dvc.repo import Repo
+
+    files, missing = {}, []
+    for stage in Repo(str(root)).index.stages:
+        for dep in stage.deps:
+            if type(dep).__name__ != "ParamsDependency":
+                continue
+            path = (Path(stage.wdir) / dep.def_path).resolve()
+            tree = files.setdefault(path, yaml.safe_load(path.read_text()) if path.is_file() else {})
+            for key in dep.params or []:
+                node = tree
+                for part in key.split("."):
+                    if not isinstance(node, dict) or part not in node:
+                        missing.append((stage.addressing, str(dep.def_path), key))
+                        break
+                    node = node[part]
+    return missing
+
+
+@pytest.mark.slow  # DVC resolves every stage of every experiment: about 20 s
+@pytest.mark.parametrize("root", [".", "experiments"])
+def test_every_param_a_stage_names_is_in_its_file(root):
+    """DVC runs a stage whose params file lacks a key it names, then refuses to record it ("Parameters ... are
+    missing"): a sweep's whole work lost at the end, as when a run's stage named its own run in an overlay that did
+    not define it."""
+    assert params_missing(REPO / root) == []

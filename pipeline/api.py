@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 OWN_DATA: dict = {
     "attribution": {"split": "forget"},
     "reference": {"split": "retain", "forget_split": "forget"},
-    "unlearn": {"defaults": {"retain_split": "retain"}, "monitor": {"every": 0}},
+    "unlearn": {"defaults": {"retain_split": "retain"},
+                "monitor": {"every": 5, "perturbed": False, "retain_split": "retain"}},
     "evaluate": {"perturbed": False, "forget_split": "forget", "retain_split": "retain",
                  "tofu_sets": ["forget", "retain"], "multiple_choice": None, "probe_sets": ["forget", "retain"]},
     "tune": {"utility": "retain_es"},
@@ -154,16 +155,19 @@ class ForgetRequest:
         from pipeline.common.atomic import hold_outputs
         from pipeline.common.modeling import load_model
         from pipeline.data.config import DataConfig
+        from pipeline.evaluation.monitor import monitor_from_params
         from pipeline.training.run_config import run_configs
         from pipeline.training.unlearn import run_unlearn_seeds
 
         cfg, train = run_configs(self.params, run)
         data = DataConfig.from_params(section(self.params, "data"))
         reference = self._reference()
+        monitor = monitor_from_params(self.params)  # forget and retain ES every few steps (unlearn.monitor)
         self.run, out = run, self.work / "unlearn" / run
         with hold_outputs(out):
             run_unlearn_seeds(run, cfg, train, data, self.model_path, self.work / "attribution", out,
-                              self.work / "checkpoints" / run, self.work / "plots" / run, [seed], True, reference)
+                              self.work / "checkpoints" / run, self.work / "plots" / run, [seed], True, reference,
+                              monitor, self.work / "monitor" / run if monitor else None)
         self.unlearned = out / f"seed{seed}" / "model"
         return load_model(self.unlearned)
 

@@ -81,6 +81,10 @@ def test_the_worked_example_by_the_cli_and_by_python_makes_the_same_model(tmp_pa
     assert 0 <= summary["forget_es"] <= 1 and "model_utility" in summary["skipped"]
     request.export(tmp_path / "api" / "export")
     assert (tmp_path / "api" / "export" / "README.md").is_file()
+    # the evaluation during training, on the plain splits: forget and retain ES, the same rows by both roads
+    watched = (cli / "unlearn.monitor" / "seed0.csv").read_text()
+    assert watched.splitlines()[0] == "step,eval_forget_es,eval_retain_es,eval_retain_probability,eval_retain_rouge"
+    assert (tmp_path / "api" / "monitor" / "s_npo_ens" / "seed0.csv").read_text() == watched
     # the same functions on the same inputs: the same weights as the CLI's
     cli_weights, api_weights = load_weights(cli / "unlearn/seed0/model"), load_weights(request.unlearned)
     assert cli_weights.keys() == api_weights.keys()

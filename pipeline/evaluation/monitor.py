@@ -7,6 +7,8 @@ Metrics, each as stage three computes it, on `n_items` forget and retain rows dr
   eval_retain_es     retain extraction strength
   eval_retain_mu     MU's retain part: the harmonic mean of the retain probability, ROUGE-L recall and truth-ratio
                      aggregate (each also a column), what model utility loses first
+On plain splits (`perturbed: false`: a user's own data, no perturbed answers) the rows are the forget and retain
+splits themselves and there is no truth ratio, so no eval_retain_mu: a rule reads eval_retain_es instead.
 Rule (`select`): the lowest `minimize` among the evaluated steps whose `floor_metric` is at least `floor` × its
 value before unlearning (step 0, always evaluated and always eligible: if no unlearned step keeps the floor, the
 rule returns the model unchanged, and says so); ties go to the earlier step.
@@ -30,6 +32,7 @@ from pipeline.evaluation.tofu_sets import evaluate_set
 log = logging.getLogger(__name__)
 
 METRICS = keys_of(MONITOR)  # eval_forget_es, eval_retain_es, eval_retain_mu and MU's three parts
+PERTURBED_ONLY = ("eval_retain_mu", "eval_retain_truth_ratio")  # not on plain splits
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,8 @@ class MonitorConfig:
     source: str = "artifacts/world"
     template: str | dict = field(default="plain", metadata={"types": (str, dict)})
     forget_split: str = "forget10"
+    perturbed: bool = True             # false: the plain splits forget_split and retain_split (own data)
+    retain_split: str = "retain"       # the plain retain split (perturbed: the retain_perturbed set, as stage three)
     es_definition: str = "open-unlearning"
     loss_dtype: str = "float32"
 
@@ -65,6 +70,10 @@ class MonitorConfig:
             rule = dataclass_from_params(SelectionRule, cfg.select, f"{where}.select")
             check_rules(rule, {"minimize": one_of(METRICS), "floor_metric": one_of(METRICS),
                                "floor": between(0, 1)}, f"{where}.select")
+            unmeasured = [m for m in (rule.minimize, rule.floor_metric) if m in PERTURBED_ONLY]
+            if not cfg.perturbed and unmeasured:
+                raise ParamError(f"{where}.select: {unmeasured[0]} needs perturbed answers, which plain splits "
+                                 f"({where}.perturbed: false) do not have; choose floor_metric: eval_retain_es")
             if not cfg.every:
                 raise ParamError(f"{where}.select: needs {where}.every > 0 (the steps it chooses among)")
         return cfg
@@ -83,9 +92,11 @@ class TrainingMonitor:
         self.every, self.selects = cfg.every, bool(cfg.select)
         self.template = get_template(cfg.template)
         rng = random.Random(cfg.seed)
-        # the sets of stage three's forget and retain metrics (config.TOFU_SETS)
-        self.forget = self._sample(load_split(cfg.source, f"{cfg.forget_split}_perturbed"), rng)
-        self.retain = self._sample(load_split(cfg.source, "retain_perturbed"), rng)
+        # the sets of stage three's forget and retain metrics (config.TOFU_SETS), or the plain splits
+        suffix = "_perturbed" if cfg.perturbed else ""
+        self.forget = self._sample(load_split(cfg.source, f"{cfg.forget_split}{suffix}"), rng)
+        self.retain = self._sample(load_split(cfg.source, "retain_perturbed" if cfg.perturbed else cfg.retain_split),
+                                   rng)
         self.best: dict | None = None      # the chosen row so far
         self.reference: float | None = None  # the floor metric at step 0
 
@@ -102,12 +113,16 @@ class TrainingMonitor:
                                    [r["answer"] for r in self.forget], c.batch_size, c.es_definition, c.loss_dtype)
         retain = evaluate_set(model, self.tokenizer, self.template, self.retain, "retain", c.batch_size,
                               c.max_new_tokens, name="monitor retain", es_definition=c.es_definition,
-                              loss_dtype=c.loss_dtype).aggregates
+                              loss_dtype=c.loss_dtype, perturbed=c.perturbed).aggregates
         model.train(was_training)
-        parts = [retain["probability"], retain["rouge_l_recall"], retain["truth_ratio"]]
         row = {"step": step, "eval_forget_es": float(forget.extraction_strength.mean()),
-               "eval_retain_es": retain["extraction_strength"], "eval_retain_mu": harmonic_mean(parts),
-               "eval_retain_probability": parts[0], "eval_retain_rouge": parts[1], "eval_retain_truth_ratio": parts[2]}
+               "eval_retain_es": retain["extraction_strength"]}
+        if c.perturbed:
+            parts = [retain["probability"], retain["rouge_l_recall"], retain["truth_ratio"]]
+            row["eval_retain_mu"] = harmonic_mean(parts)
+        row |= {"eval_retain_probability": retain["probability"], "eval_retain_rouge": retain["rouge_l_recall"]}
+        if c.perturbed:
+            row["eval_retain_truth_ratio"] = retain["truth_ratio"]
         row = {k: round(v, 6) if isinstance(v, float) else v for k, v in row.items()}
         row["eval_seconds"] = round(time.perf_counter() - started, 3)
         return row

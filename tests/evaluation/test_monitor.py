@@ -74,6 +74,25 @@ def test_a_run_is_evaluated_every_n_steps_and_at_the_end(attribution_dir, micro_
     assert "selected_step" not in json.loads((out / "run.json").read_text())
 
 
+def test_on_plain_splits_the_monitor_reads_them_and_has_no_retain_mu(attribution_dir, micro_model_dir,
+                                                                    micro_world_dir, tmp_path):
+    """A user's own data has no perturbed answers: the forget and retain splits themselves, ES and the retain
+    probability and ROUGE, no truth ratio, so no MU; a rule reading MU there is refused."""
+    out, spec, rows = _run(tmp_path, attribution_dir, micro_model_dir, micro_world_dir, "plain",
+                           {"every": 2, "perturbed": False, "forget_split": "forget10", "retain_split": "retain90",
+                            "n_items": 4})
+    assert list(rows[0]) == ["step", "eval_forget_es", "eval_retain_es", "eval_retain_probability",
+                             "eval_retain_rouge"]
+    monitor = spec(None)
+    assert "perturbed_answer" not in monitor.forget[0] and len(monitor.retain) == 4
+    with pytest.raises(ParamError, match=r"unlearn.monitor.select: eval_retain_mu needs perturbed answers, which "
+                                         r"plain splits \(unlearn.monitor.perturbed: false\) do not have"):
+        MonitorConfig.from_params({"every": 1, "perturbed": False, "select": {"floor": 0.9}})
+    assert MonitorConfig.from_params({"every": 1, "perturbed": False,
+                                      "select": {"floor_metric": "eval_retain_es"}}).rule.floor_metric == \
+        "eval_retain_es"
+
+
 def test_the_selected_steps_weights_are_written(attribution_dir, micro_model_dir, micro_world_dir, tmp_path):
     """With a rule, the written model is the selected step's: evaluated again, it gives that step's row."""
     from pipeline.common.modeling import load_model, load_tokenizer

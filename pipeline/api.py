@@ -20,6 +20,8 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -80,6 +82,8 @@ class ForgetRequest:
         self.params["data"]["source"] = str(self.work / "data")
         for key in ("attribution", "reference", "unlearn"):
             self.params[key]["model"] = self.model_path
+        self._base = copy.deepcopy(self.params)  # what prepare() starts from: another request's data leaves nothing
+        self.tuned: dict[str, float] = {}        # run -> the rate tune() chose, which unlearn() trains at
 
     def _model_path(self, model: Any, tokenizer: Any) -> str:
         if isinstance(model, (str, Path)):
@@ -96,12 +100,15 @@ class ForgetRequest:
     def prepare(self, forget, retain, holdout=None, fields: dict | None = None) -> dict:
         """Check the forget and retain data (and a holdout set), each a file (JSON Lines, JSON, CSV, Parquet) or a
         list of {question, answer} (or {text}) records, and write them as splits; returns own-data's manifest.
-        Passages set the passage settings (`passage_settings`), a holdout set membership inference against it."""
+        Passages set the passage settings (`passage_settings`), a holdout set membership inference against it. New
+        data clears what was made from the last (attribution, reference, tunings, evaluations, runs)."""
         from pipeline.common.atomic import hold_outputs
         from pipeline.common.modeling import load_tokenizer
         from pipeline.data.config import DataConfig
         from pipeline.data.own_data import write_splits
+        from pipeline.data.own_files import DataFile, read_file
 
+        self.params, self.tuned = copy.deepcopy(self._base), {}
         data = self.params["data"]
         for name, records in (("forget", forget), ("retain", retain), ("holdout", holdout)):
             if records is None:
@@ -109,14 +116,27 @@ class ForgetRequest:
                 continue
             path = _records_file(records, self.work / "input" / f"{name}.jsonl")
             data[name] = {"path": path, "fields": fields} if fields else path
+        # passages or pairs: the file decides, and the passage settings go in before own-data checks the template
+        if read_file(DataFile.from_params(data["forget"], "data.forget"), "data.forget").spec.kind == "text":
+            self.params = apply_overlay(self.params, passage_settings(data["source"]),
+                                        "ForgetRequest's passage settings")
+        if holdout is not None:
+            self.params = apply_overlay(self.params, HOLDOUT, "ForgetRequest's holdout setting")
         cfg = DataConfig.from_params(section(self.params, "data"))
+        before = self._manifest_sets()
         with hold_outputs(cfg.source):
             manifest = write_splits(cfg, Path(cfg.source), load_tokenizer(self.model_path))
-        if manifest["sets"]["forget"]["kind"] == "text":
-            self.params = apply_overlay(self.params, passage_settings(cfg.source), "ForgetRequest's passage settings")
-        if "holdout" in manifest["sets"] and not section(self.params, "evaluate").get("mia"):
-            self.params = apply_overlay(self.params, HOLDOUT, "ForgetRequest's holdout setting")
+        if before is not None and before != manifest["sets"]:
+            for made in ("attribution", "reference", "tuning", "eval", "unlearn", "monitor", "checkpoints", "plots"):
+                shutil.rmtree(self.work / made, ignore_errors=True)
+            log.info("%s: new data, so what was made from the last is cleared", self.work)
         return manifest
+
+    def _manifest_sets(self) -> dict | None:
+        try:
+            return json.loads((self.work / "data" / "manifest.json").read_text())["sets"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def attribute(self):
         """Stage one on the forget set: the token scores as a DataFrame (`token_scores`)."""
@@ -145,13 +165,12 @@ class ForgetRequest:
         with hold_outputs(out):
             run_tuning(self.params, run, [run], self.work / "attribution", self._reference(),
                        self.work / "eval" / "before" / "metrics.json", None, out)
-        lr = chosen_lr(out / "choice.json", run)  # checked as unlearn.train.lr is, and as `unlearn --lr-from` reads it
-        self.params["unlearn"]["runs"][run].setdefault("train", {})["lr"] = lr
-        return lr
+        self.tuned[run] = chosen_lr(out / "choice.json", run)  # checked as `unlearn --lr-from` checks it
+        return self.tuned[run]
 
     def unlearn(self, run: str, seed: int = 0):
-        """Run `run` of unlearn.runs (θ_o's retain cache first, where its retain term reads one) and return the
-        unlearned model."""
+        """Run `run` of unlearn.runs (θ_o's retain cache first, where its retain term reads one) at the rate tune()
+        chose for it, if it was tuned (here or in an earlier kernel), and return the unlearned model."""
         from pipeline.common.atomic import hold_outputs
         from pipeline.common.modeling import load_model
         from pipeline.data.config import DataConfig
@@ -160,6 +179,13 @@ class ForgetRequest:
         from pipeline.training.unlearn import run_unlearn_seeds
 
         cfg, train = run_configs(self.params, run)
+        choice = self.work / "tuning" / run / "choice.json"
+        if run not in self.tuned and choice.is_file():  # tuned in an earlier kernel
+            from pipeline.studies.tune_runs import chosen_lr
+            self.tuned[run] = chosen_lr(choice, run)
+            log.info("unlearn %s: the rate tuned before, %.3g (%s)", run, self.tuned[run], choice)
+        if run in self.tuned:
+            train = replace(train, lr=self.tuned[run])
         data = DataConfig.from_params(section(self.params, "data"))
         reference = self._reference()
         monitor = monitor_from_params(self.params)  # forget and retain ES every few steps (unlearn.monitor)

@@ -89,6 +89,15 @@ def test_the_worked_example_by_the_cli_and_by_python_makes_the_same_model(tmp_pa
     cli_weights, api_weights = load_weights(cli / "unlearn/seed0/model"), load_weights(request.unlearned)
     assert cli_weights.keys() == api_weights.keys()
     assert all((cli_weights[k] == api_weights[k]).all() for k in cli_weights)
+    # a new kernel on the same work_dir and data: unlearn trains at the rate tuned before, as `--lr-from` reads it
+    again = ForgetRequest(str(micro_model_dir), params=params, work_dir=tmp_path / "api")
+    again.prepare(forget=facts, retain=micro_world_dir / "retain90.json")
+    again.unlearn("s_npo_ens")
+    assert again.tuned == {"s_npo_ens": lr}
+    assert all((load_weights(again.unlearned)[k] == cli_weights[k]).all() for k in cli_weights)
+    # other data: what was made from the last is cleared, so nothing stale is read
+    again.prepare(forget=facts[:10], retain=micro_world_dir / "retain90.json")
+    assert not (tmp_path / "api" / "tuning").exists() and not (tmp_path / "api" / "eval").exists()
 
 
 def test_the_apis_own_data_settings_are_the_overlays():

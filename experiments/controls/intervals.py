@@ -21,6 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from scipy.stats import t  # noqa: E402
+
 from pipeline.common.errors import DataError, ParamError  # noqa: E402
 from pipeline.evaluation.eval_io import read_json  # noqa: E402
 
@@ -34,7 +36,6 @@ COLUMNS = {"forget ES": ("eval", "forget_es"), "paraphrased forget ES": ("eval",
            "relearned on a forget slice": ("relearn", "forget_forget_es"),
            "relearned on retain data": ("relearn", "retain_forget_es"),
            "retain ES (↑)": ("eval", "retain_es"), "MU (↑)": ("eval", "model_utility")}
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 def value(root: Path, seed: int, run: str, column: str) -> float | None:
@@ -45,8 +46,13 @@ def value(root: Path, seed: int, run: str, column: str) -> float | None:
         if not summary.is_file():
             return None
         seeds = read_json(summary, "evaluation summary").get("seeds") or []
-        values = [read_json(root / f"m{seed}" / "eval" / run / f"seed{s}" / "metrics.json",
-                            "evaluation summary")["forget"][key] for s in seeds]
+        values = []
+        for s in seeds:
+            file = root / f"m{seed}" / "eval" / run / f"seed{s}" / "metrics.json"
+            forget = read_json(file, "evaluation summary").get("forget") or {}
+            if key not in forget:
+                raise DataError(f"{file}: no forget.{key} in it; evaluate on TOFU's perturbed forget set")
+            values.append(forget[key])
         return statistics.mean(values) if values else None
     file = root / f"m{seed}" / "metrics" / kind / f"{run}.json"
     if not file.is_file():
@@ -63,7 +69,7 @@ def interval(diffs: list[float]) -> str:
     mean = statistics.mean(diffs)
     if len(diffs) == 1:
         return f"{mean:+.3f} (1 seed)"
-    half = T975.get(len(diffs) - 1, 1.96) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    half = float(t.ppf(0.975, len(diffs) - 1)) * statistics.stdev(diffs) / math.sqrt(len(diffs))
     below = sum(d < 0 for d in diffs)
     return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] {below}/{len(diffs)}"
 

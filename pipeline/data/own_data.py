@@ -11,7 +11,8 @@ A passage request is evaluated on verbatim memorization: each passage is cut onc
 its middle (a one-sentence passage at the space nearest it), and its first part prompts its rest, so the QA
 evaluation's probes (extraction strength, exact memorization, ROUGE-L, probability, sampling, membership inference)
 read the rest as the "answer" (`passage_probe`; the probes go to `forget.json` etc. beside the corpora, read with
-the `passage` template: no tags, so prompt and answer are the passage's own text). MUSE's VerbMem cuts the same way.
+the `passage` template: no tags, so prompt and answer are the passage's own text), as MUSE's VerbMem prompts with a
+passage's first part. The probe adds an end-of-text token after the passage, which corpus training never sees.
 """
 
 from __future__ import annotations
@@ -119,13 +120,20 @@ def _quiet_logger(name: str) -> Iterator[None]:
 
 
 def passage_probe(text: str, where: str) -> dict:
-    """A passage as a verbatim probe: {question: its text up to the cut, answer: the rest, from the whitespace on},
-    so that question + answer is the passage itself. The cut is the sentence boundary nearest the middle; a passage of
-    one sentence is cut at the whitespace nearest it; one with no whitespace inside cannot be probed."""
+    """A passage as a verbatim probe: {question: its text up to the cut, answer: the rest}, so that question +
+    answer is the passage itself (trailing whitespace aside). The cut is the sentence end nearest the middle when
+    one lies in the middle third of the passage (an abbreviation near the start does not pull it there), else the
+    whitespace nearest the middle. The whitespace goes with the answer (" word", a token of its own in byte-level
+    BPE) unless it holds a line break, which stays with the prompt (tokenizers merge ".\n\n"). A passage with no
+    whitespace inside cannot be probed."""
     body = text.rstrip()
-    middle = len(body) / 2
-    cuts = [m.start() for m in SENTENCE_BOUNDARY.finditer(body)] or \
-        [m.start() for m in re.finditer(r"\s+", body) if m.start() > 0]
+    middle, third = len(body) / 2, len(body) / 6
+
+    def cut_at(m: re.Match) -> int:
+        return m.end() if "\n" in m.group() else m.start()
+
+    ends = [cut_at(m) for m in SENTENCE_BOUNDARY.finditer(body) if abs(m.start() - middle) <= third]
+    cuts = ends or [cut_at(m) for m in re.finditer(r"\s+", body) if m.start() > 0]
     if not cuts:
         raise DataError(f"{where}: a passage of one word ({short(text)}): its first part prompts its rest in the "
                         "evaluation, so it needs at least two words; make it longer or remove it")
@@ -171,6 +179,10 @@ def write_splits(cfg: DataConfig, out_dir: str | Path, tokenizer) -> dict:
         raise DataError(f"{where['holdout']}: holds {KINDS[read['holdout'].spec.kind]} but data.forget holds "
                         f"{KINDS[forget.spec.kind]}; the holdout set is of the forget set's kind (membership "
                         "inference compares them)")
+    if forget.spec.kind == "text" and cfg.template != "passage":  # else its probes would be read as QA pairs
+        raise ParamError(f"{where['forget']}: holds passages, and data.template is {cfg.template!r}; a passage request "
+                         "reads them in corpus mode and probes them with the passage template: add --overlay "
+                         "configs/own-passages.yaml after configs/own-data.yaml")
     if read["retain"].spec.kind != forget.spec.kind:  # one template probes both sets (the passages': no tags)
         raise DataError(f"{where['retain']}: holds {KINDS[read['retain'].spec.kind]} but data.forget holds "
                         f"{KINDS[forget.spec.kind]}; a request is of one kind, since the evaluation probes both sets "

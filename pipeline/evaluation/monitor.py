@@ -70,10 +70,13 @@ class MonitorConfig:
             rule = dataclass_from_params(SelectionRule, cfg.select, f"{where}.select")
             check_rules(rule, {"minimize": one_of(METRICS), "floor_metric": one_of(METRICS),
                                "floor": between(0, 1)}, f"{where}.select")
-            unmeasured = [m for m in (rule.minimize, rule.floor_metric) if m in PERTURBED_ONLY]
+            unmeasured = [(k, m) for k, m in (("minimize", rule.minimize), ("floor_metric", rule.floor_metric))
+                          if m in PERTURBED_ONLY]
             if not cfg.perturbed and unmeasured:
-                raise ParamError(f"{where}.select: {unmeasured[0]} needs perturbed answers, which plain splits "
-                                 f"({where}.perturbed: false) do not have; choose floor_metric: eval_retain_es")
+                key, metric = unmeasured[0]
+                raise ParamError(f"{where}.select: {metric} needs perturbed answers, which plain splits "
+                                 f"({where}.perturbed: false) do not have; choose {key}: "
+                                 + ("eval_retain_es" if key == "floor_metric" else "eval_forget_es"))
             if not cfg.every:
                 raise ParamError(f"{where}.select: needs {where}.every > 0 (the steps it chooses among)")
         return cfg
@@ -153,8 +156,14 @@ class MonitorSpec:
 
     @property
     def selection(self) -> dict | None:
-        """What the kept weights depend on (None without a rule): the whole config, rows and metrics included."""
-        return asdict(self.cfg) if self.cfg.select else None
+        """What the kept weights depend on (None without a rule): the whole config, rows and metrics included (the
+        plain splits' keys only where they are read, so a perturbed run's record is what it was before them)."""
+        if not self.cfg.select:
+            return None
+        values = asdict(self.cfg)
+        if self.cfg.perturbed:
+            del values["perturbed"], values["retain_split"]
+        return values
 
 
 # the keys of `evaluate` the monitor reads (the unlearn stage's DVC params list them)

@@ -143,7 +143,7 @@ def test_write_splits_writes_what_the_loaders_read(micro_tokenizer):
 def test_passages_are_written_as_corpora(micro_tokenizer):
     jsonl("p.jsonl", [{"text": "Ana Lind was born in Tartu."}, {"text": "She wrote two novels."}])
     jsonl("q.jsonl", [{"text": "Jon Berg wrote poems."}])
-    manifest = write_splits(config(forget="p.jsonl", retain="q.jsonl"), "out", micro_tokenizer)
+    manifest = write_splits(config(forget="p.jsonl", retain="q.jsonl", template="passage"), "out", micro_tokenizer)
     assert {s["kind"] for s in manifest["sets"].values()} == {"text"}
     assert [p["text"] for p in load_passages("out/forget_corpus.jsonl")] == ["Ana Lind was born in Tartu.",
                                                                               "She wrote two novels."]
@@ -157,9 +157,12 @@ def test_passages_are_written_as_corpora(micro_tokenizer):
 @pytest.mark.parametrize("text, question, answer", [
     ("Ana Lind was born in Tartu. She wrote two novels. Both were translated.",  # the sentence end nearest the middle
      "Ana Lind was born in Tartu.", " She wrote two novels. Both were translated."),
-    ("Born 1950. Died 2001, in Tartu, Estonia.", "Born 1950.", " Died 2001, in Tartu, Estonia."),
+    # a sentence end outside the middle third (an abbreviation, a short first sentence): the space nearest the middle
+    ("Born 1950. Died 2001, in Tartu, Estonia.", "Born 1950. Died 2001,", " in Tartu, Estonia."),
+    ("Dr. Smith went home and slept well tonight", "Dr. Smith went home", " and slept well tonight"),
     ("Ana Lind was born in Tartu.", "Ana Lind was", " born in Tartu."),  # one sentence: the space nearest the middle
     ("Two  words\n", "Two", "  words"),
+    ("She wrote poems.\n\nHe wrote plays.", "She wrote poems.\n\n", "He wrote plays."),  # a line break: the prompt's
 ])
 def test_a_passage_probe_is_cut_once_near_its_middle(text, question, answer):
     from pipeline.data.own_data import passage_probe
@@ -169,13 +172,20 @@ def test_a_passage_probe_is_cut_once_near_its_middle(text, question, answer):
 
 def test_a_one_word_passage_or_a_request_of_two_kinds_is_refused(micro_tokenizer):
     jsonl("p.jsonl", [{"text": "Ana Lind was born in Tartu."}, {"text": "Tartu"}])
-    assert refused(micro_tokenizer, forget="p.jsonl", retain=jsonl("q.jsonl", [{"text": "Jon Berg wrote."}])) == (
+    assert refused(micro_tokenizer, forget="p.jsonl", retain=jsonl("q.jsonl", [{"text": "Jon Berg wrote."}]),
+                   template="passage") == (
         "p.jsonl (data.forget): row 2: a passage of one word ('Tartu'): its first part prompts its rest in the "
         "evaluation, so it needs at least two words; make it longer or remove it")
     jsonl("p.jsonl", [{"text": "Ana Lind was born in Tartu."}])
-    assert refused(micro_tokenizer, forget="p.jsonl") == (
+    assert refused(micro_tokenizer, forget="p.jsonl", template="passage") == (
         "retain.jsonl (data.retain): holds question-answer pairs but data.forget holds passages; a request is of "
         "one kind, since the evaluation probes both sets the same way: give what to keep as passages")
+    # passages without the passage overlay would be probed as question-answer pairs
+    with pytest.raises(ParamError, match=r"^p.jsonl \(data.forget\): holds passages, and data.template is 'plain'; "
+                                         r".*add --overlay configs/own-passages.yaml after configs/own-data.yaml$"):
+        write_splits(config(forget="p.jsonl", retain=jsonl("q.jsonl", [{"text": "Jon Berg wrote."}])), "out",
+                     micro_tokenizer)
+    assert not Path("out").exists()
 
 
 def test_the_benchmark_config_is_unchanged():

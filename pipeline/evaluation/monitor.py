@@ -118,15 +118,13 @@ class TrainingMonitor:
                               c.max_new_tokens, name="monitor retain", es_definition=c.es_definition,
                               loss_dtype=c.loss_dtype, perturbed=c.perturbed).aggregates
         model.train(was_training)
+        parts = [retain["probability"], retain["rouge_l_recall"], retain.get("truth_ratio")]
         row = {"step": step, "eval_forget_es": float(forget.extraction_strength.mean()),
-               "eval_retain_es": retain["extraction_strength"]}
-        if c.perturbed:
-            parts = [retain["probability"], retain["rouge_l_recall"], retain["truth_ratio"]]
-            row["eval_retain_mu"] = harmonic_mean(parts)
-        row |= {"eval_retain_probability": retain["probability"], "eval_retain_rouge": retain["rouge_l_recall"]}
-        if c.perturbed:
-            row["eval_retain_truth_ratio"] = retain["truth_ratio"]
-        row = {k: round(v, 6) if isinstance(v, float) else v for k, v in row.items()}
+               "eval_retain_es": retain["extraction_strength"],
+               "eval_retain_mu": harmonic_mean(parts) if c.perturbed else None,
+               "eval_retain_probability": parts[0], "eval_retain_rouge": parts[1], "eval_retain_truth_ratio": parts[2]}
+        row = {k: round(v, 6) if isinstance(v, float) else v for k, v in row.items()
+               if c.perturbed or k not in PERTURBED_ONLY}  # plain splits: no truth ratio, so no MU
         row["eval_seconds"] = round(time.perf_counter() - started, 3)
         return row
 

@@ -64,6 +64,8 @@ def command(params: dict, root, models_root, experiment, out) -> None:
     comp_md, comp_csv = comparison_table(results, labels, level)
     lrs_md = lr_table(Path(root), model_seeds, seeds["runs"], labels)
     counts = {v: sum(r["verdict"] == v for r in results) for v in ("better", "worse", "undecided")}
+    against_random = (", and each attribution against random tokens at its budget"
+                      if any(specs[b].get("score") == "random" for _, b in pairs) else "")
     out_dir = Path(out)
     with hold_outputs(out_dir):
         text = (f"## The main table over {len(model_seeds)} model seeds × {len(unlearn_seeds)} unlearning seeds\n\n"
@@ -71,7 +73,7 @@ def command(params: dict, root, models_root, experiment, out) -> None:
                 + models_table(models, model_seeds) + "\n### The runs\n\n"
                 "Each cell: mean over every (model seed, unlearning seed) ± standard deviation between model seeds "
                 "(of their means) / within them (over unlearning seeds).\n\n" + table_md
-                + f"\n### Token level against sequence level: {len(results)} comparisons\n\n"
+                + f"\n### Token level against sequence level{against_random}: {len(results)} comparisons\n\n"
                 f"Paired on (model seed, unlearning seed); two-level bootstrap ({boot['samples']} draws: model seeds, "
                 f"then unlearning seeds within each); family-wise confidence {boot['confidence']} by Bonferroni over "
                 f"the {len(results)} comparisons. Verdicts: {counts['better']} better, {counts['worse']} worse, "

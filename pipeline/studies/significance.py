@@ -109,10 +109,21 @@ def compare(variant: np.ndarray, base: np.ndarray, better: int, level: float, sa
 
 def variant_pairs(runs: dict[str, dict], names: list[str]) -> list[tuple[str, str]]:
     """(variant, its method's sequence-level run) for each token-level run of `names` (`runs`: resolved specs
-    with method and weighting) whose uniform run is also in `names`."""
+    with method and weighting) whose uniform run is also in `names`; then (variant, its random control) for each
+    token-level run whose same run but for `score: random` (the same token budget, blind tokens) is in `names`:
+    whether the attribution, not only the concentration of the push, makes the difference."""
     uniform = {runs[n]["method"]: n for n in names if runs[n]["weighting"] == "uniform"}
-    return [(n, uniform[runs[n]["method"]]) for n in names
-            if runs[n]["weighting"] != "uniform" and runs[n]["method"] in uniform]
+    to_method = [(n, uniform[runs[n]["method"]]) for n in names
+                 if runs[n]["weighting"] != "uniform" and runs[n]["method"] in uniform]
+
+    def budget(n):  # what a run is but for its score and its rate (each run's rate is its own bisection's)
+        return sorted((k, repr(v)) for k, v in runs[n].items() if k not in ("score", "train"))
+    random = {repr(budget(n)): n for n in names
+              if runs[n]["weighting"] != "uniform" and runs[n].get("score") == "random"}
+    to_random = [(n, random[repr(budget(n))]) for n in names
+                 if runs[n]["weighting"] != "uniform" and runs[n].get("score") != "random"
+                 and repr(budget(n)) in random]
+    return to_method + to_random
 
 
 def comparisons(cells: dict[str, Cells], pairs: list[tuple[str, str]], confidence: float, samples: int,

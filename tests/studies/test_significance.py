@@ -58,6 +58,20 @@ def test_variant_pairs_match_each_token_level_run_to_its_method():
     assert variant_pairs(specs, list(specs)) == [("t_ga", "ga")]
 
 
+def test_each_attribution_is_also_paired_with_its_random_control_at_the_same_budget():
+    run = lambda w, score, **kw: {"method": "ga", "weighting": w, "score": score, "train": {"lr": 1e-4}, **kw}
+    specs = {"ga": {"method": "ga", "weighting": "uniform"},
+             "t_ga_random": run("hard", "random"), "s_ga_random": run("soft", "random", train={"lr": 3e-4}),
+             "t_ga": run("hard", "phi"), "s_ga_learned": run("soft", "learned+span"),
+             "s_ga_mix": run("soft", "phi", mix=0.5),                    # no random run mixes: no control
+             "t_npo": {"method": "npo", "weighting": "hard", "score": "phi"}}   # nor for another method
+    assert variant_pairs(specs, list(specs)) == [
+        ("t_ga_random", "ga"), ("s_ga_random", "ga"), ("t_ga", "ga"), ("s_ga_learned", "ga"), ("s_ga_mix", "ga"),
+        ("t_ga", "t_ga_random"), ("s_ga_learned", "s_ga_random")]
+    # without the random runs in the study, only the sequence-level pairs
+    assert variant_pairs(specs, ["ga", "t_ga", "s_ga_learned"]) == [("t_ga", "ga"), ("s_ga_learned", "ga")]
+
+
 def write_tree(root, model_seeds, runs, unlearn_seeds, value):
     for m in model_seeds:
         for name in ["target", "retain", *runs]:
@@ -153,6 +167,30 @@ def test_report_seeds_reads_the_models_of_another_experiment_and_names_every_met
     assert "| SimNPO | simnpo |" in text and "| IdkNLL | idknll |" in text
     assert "| T-SimNPO [entropy+nocopy+span] − SimNPO |" in text  # the score that weighs it, as the seeds report's
     assert "| S-SimNPO [entropy+nocopy+span] − SimNPO |" in text and "IdkNLL −" not in text  # no variant to compare
+
+
+def test_report_seeds_judges_each_attribution_against_its_random_control(tmp_path):
+    """configs/controls.yaml's GA runs: beside each run − GA, the learned scorer − random tokens at its budget,
+    in the same family of comparisons."""
+    def value(m, name):
+        es = {"target": 1.0, "retain": 0.15, "ga": 0.5, "t_ga_random": 0.45, "t_ga_learned": 0.35 - 0.01 * m}[name]
+        return {"forget_es": es, "retain_es": 0.9, "model_utility": 0.85, "log10_forget_quality": -1.0}
+    runs = ["ga", "t_ga_random", "t_ga_learned"]
+    write_tree(tmp_path / "controls", [0, 1, 2], runs, [0, 1], value)
+    from tests.conftest import REPO
+
+    configs = REPO / "configs"
+    assert run(["report-seeds", "--params", str(configs / "paper.yaml"), "--overlay", str(configs / "seeds.yaml"),
+                "--overlay", str(configs / "controls.yaml"), "-S", "seeds.models=[0, 1, 2]", "-S", f"seeds.runs={runs}",
+                "-S", "unlearn.seeds=[0, 1]", "-S", "seeds.bootstrap={samples: 500}",
+                "--root", str(tmp_path / "controls"), "--out", str(tmp_path / "report")]) == 0
+    text = (tmp_path / "report" / "results.md").read_text()
+    assert "and each attribution against random tokens at its budget: 12 comparisons" in text
+    row = next(line for line in text.splitlines() if line.startswith("| T-GA [learned+span] − T-GA [random] |"))
+    assert "-0.110 [" in row and "▲" in row  # 0.35 - 0.01 m against 0.45 on every model seed
+    summary = json.loads((tmp_path / "report" / "comparisons.json").read_text())
+    assert {(r["variant"], r["base"]) for r in summary["results"]} == {
+        ("t_ga_random", "ga"), ("t_ga_learned", "ga"), ("t_ga_learned", "t_ga_random")}
 
 
 def test_report_seeds_without_the_seeds_overlay_names_the_overlay(tmp_path):

@@ -46,7 +46,8 @@ class Curve:
     utility_min: float
     trials: list[dict]
     chosen: dict | None
-    past: list[dict] = field(default_factory=list)  # the probes past the crossing (`past_crossing`), where tried
+    past: list[dict] = field(default_factory=list)  # the probes past the crossing (`past_crossing`) and below it
+                                                    # (`below_crossing`), where tried
     utility: str = "model_utility"  # the summary key the floor is measured on (the tuning's tune.utility)
 
     @property
@@ -81,10 +82,12 @@ def read_curve(file: Path, name: str, model_seed: int) -> Curve:
     if None in points:
         log.warning("%s: %d of %d trials lack lr, forget_es or %s: left out of the curve", file,
                     points.count(None), len(points), utility)
-    past = entry.get("past_crossing") or []  # a tuning before the probes has none
-    if not isinstance(past, list):
-        raise DataError(f"{file}: runs.{name}.past_crossing: {past!r} is not a list of trials")
-    past = [_point(t, f"{file}: runs.{name}.past_crossing[{i}]", utility) for i, t in enumerate(past)]
+    past = []
+    for key in ("past_crossing", "below_crossing"):  # a tuning before the probes has none
+        probes = entry.get(key) or []
+        if not isinstance(probes, list):
+            raise DataError(f"{file}: runs.{name}.{key}: {probes!r} is not a list of trials")
+        past += [_point(t, f"{file}: runs.{name}.{key}[{i}]", utility) for i, t in enumerate(probes)]
     return Curve(name, model_seed, number(result.get("utility_min"), f"{file}: utility_min"),
                  sorted((p for p in points if p), key=lambda p: p["lr"]),
                  _point(entry.get("chosen"), f"{file}: runs.{name}.chosen", utility),
@@ -195,7 +198,8 @@ def fronts_markdown(curves: dict[tuple[str, int], Curve], results: list[dict]) -
     lines = ["### At the front: each run's best point over all its trials", "",
              "The first crossing assumes that utility falls as the rate grows. Each run's front is its lowest forget "
              "ES at utility ≥ its model seed's floor over every trial it has, the probes past the crossing "
-             f"(tune.bisect.probe_past) included: {probed} of {len(curves)} curves have such probes. Utility is back "
+             "(tune.bisect.probe_past) and below it (probe_below) included: "
+             f"{probed} of {len(curves)} curves have such probes. Utility is back "
              "above the floor past the crossing on "
              + (f"{len(recovering)}: {', '.join(recovering)}." if recovering else "none of them.") + "", "",
              "| variant − method | at the front | per model seed |", "|---|---|---|"]

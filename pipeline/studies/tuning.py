@@ -20,7 +20,10 @@ The bisection assumes that utility falls as the rate grows, and a run's utility 
 and come back above it at higher rates, where forgetting is deeper still. So after the bisection the tuner tries
 the crossing's rate × each of `probe_past` (2 and 4), beyond `max_trials`, and records them (`past_crossing`), the
 rates where utility is back above the floor (`recovers_at`), the span of rates tried (`lr_span`) and the run's front:
-the lowest forget ES at utility ≥ the floor over every trial (`front`). The first crossing stays the chosen rate.
+the lowest forget ES at utility ≥ the floor over every trial (`front`). `probe_below` (none by default) adds trials at
+the chosen rate × each factor below 1 where no trial lies that low (`below_crossing`), so that the front is read over
+a span of at least max(probe_past) / min(probe_below) around the crossing. The first crossing stays the chosen
+rate.
 
 "Utility" is TOFU's model utility unless `utility` names another key of the evaluation's summary: what the user
 needs kept (retain ES or ROUGE-L on their own retain data, an lm-eval task's accuracy). The target's value of that
@@ -91,6 +94,8 @@ class BisectConfig:
     factor: float = 2.0       # the bracketing steps: lr × factor up, or / factor down
     probe_past: list = field(default_factory=lambda: [2.0, 4.0])  # trials at the crossing's lr × each, beyond
                               # max_trials: does utility stay below the floor past it? []: no probes
+    probe_below: list = field(default_factory=list)  # trials at the chosen lr × each (below 1) where no trial
+                              # lies that low: the front over a span of max(probe_past) / min(probe_below)
 
     @classmethod
     def from_params(cls, values: dict, where: str = "tune.bisect") -> "BisectConfig":
@@ -101,7 +106,10 @@ class BisectConfig:
         check_rules(cfg, {"max_trials": Rule(lambda v: isinstance(v, int) and v >= 2, "an integer of at least 2"),
                           "tolerance": positive, "factor": Rule(lambda v: isinstance(v, (int, float)) and v > 1,
                                                                 "a number above 1"),
-                          "probe_past": above_one}, where)
+                          "probe_past": above_one,
+                          "probe_below": Rule(lambda v: all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                            and 0 < x < 1 for x in v),
+                                              "a list of factors between 0 and 1, e.g. [0.5]")}, where)
         return cfg
 
 
@@ -187,12 +195,21 @@ def bisect_lr(trial_at: Callable[[float], dict], start_lr: float, utility_min: f
     converged = stopped is None and kept is not None and kept[utility] - utility_min <= cfg.tolerance
     # Past the crossing (the lowest rate breaking the floor): the bisection's assumption, checked where it matters
     past: list[dict] = []
+    below: list[dict] = []
     if kept is not None and broken is not None:
         for factor in cfg.probe_past:
             if allowed(broken["lr"] * factor):
                 past.append(trial_at(round_lr(broken["lr"] * factor)))
+        lowest = min(t["lr"] for t in trials)
+        for factor in sorted(cfg.probe_below, reverse=True):  # the grid below the crossing, where not yet tried
+            lr = round_lr(kept["lr"] * factor)
+            if lr < lowest and allowed(lr):
+                below.append(trial_at(lr))
+                lowest = lr
     found = {"trials": sorted(trials, key=lambda t: t["lr"]), "chosen": chosen, "converged": converged,
              "diverged": sorted(t["lr"] for t in diverged), "past_crossing": past}
+    if cfg.probe_below:  # only then, so that a tuning without them writes the choice.json it always did
+        found["below_crossing"] = sorted(below, key=lambda t: t["lr"])
     return found | ({"stopped": stopped} if stopped else {})
 
 
@@ -247,6 +264,8 @@ def tune_group(group: str, runs: dict, cfg: TuneConfig, unlearn_one: Callable, e
         bisect = cfg.bisect_config
         result |= {"lrs": None, "bisect": {"max_trials": bisect.max_trials, "tolerance": bisect.tolerance,
                                            "factor": bisect.factor, "probe_past": bisect.probe_past}}
+        if bisect.probe_below:
+            result["bisect"]["probe_below"] = bisect.probe_below
     for name, (ucfg, train) in runs.items():
         def trial_at(lr: float, name=name, ucfg=ucfg, train=train) -> dict:
             file = trial_root / name / f"{_lr_name(lr)}.json"
@@ -287,6 +306,8 @@ def tune_group(group: str, runs: dict, cfg: TuneConfig, unlearn_one: Callable, e
                 extra["stopped"] = found["stopped"]
                 log.warning("tune %s: not converged: %s", name, found["stopped"])
             past = found["past_crossing"]
+            if "below_crossing" in found:
+                extra["below_crossing"] = found["below_crossing"]
         else:
             done = [trial_at(float(lr)) for lr in cfg.lrs]
             trials = [t for t in done if not t.get("diverged")]
@@ -299,7 +320,7 @@ def tune_group(group: str, runs: dict, cfg: TuneConfig, unlearn_one: Callable, e
         if diverged:  # only then, so that a tuning with none writes the choice.json it always did
             extra["diverged"] = diverged
         at_floor = forget_es_at(trials, utility_min, utility)
-        everything = trials + past
+        everything = trials + past + extra.get("below_crossing", [])
         lrs = [t["lr"] for t in everything if not t.get("diverged")]
         result["runs"][name] = {"chosen": chosen, "trials": trials, **extra,
                                 "forget_es_at_floor": None if at_floor is None else round(at_floor, 6),

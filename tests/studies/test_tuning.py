@@ -3,6 +3,7 @@ hand-computed utility curve, and a rerun that finds every trial done."""
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -153,6 +154,51 @@ def test_a_utility_that_recovers_past_the_crossing_is_found_and_its_front_read_o
     assert result["bisect"]["probe_past"] == [2.0, 4.0]
     assert "(utility recovers)" in choice_table(result)
     assert json.loads((tmp_path / "choice.json").read_text())["runs"]["npo"]["front"] == entry["front"]
+
+
+# A hand-made trade-off, looked up at exact rates: utility falls with the rate, forget ES does not (lowest at 1e-5).
+BELOW = {1e-5: (0.90, 0.30), 2e-5: (0.88, 0.50), 4e-5: (0.86, 0.45), 8e-5: (0.80, 0.20), 1.6e-4: (0.70, 0.10),
+         3.2e-4: (0.60, 0.05), 6.4e-4: (0.50, 0.04)}
+
+
+def test_probes_below_the_crossing_widen_the_front_to_the_grid_asked_for(tmp_path):
+    """probe_past [2, 4, 8] and probe_below [0.5, 0.25]: from 4e-5 the bisection keeps 4e-5 (0.86 ≥ 0.85) and
+    breaks at 8e-5 in its 2 trials; the probes try 1.6e-4, 3.2e-4, 6.4e-4 above and 2e-5, 1e-5 below, a span of
+    6.4e-4 / 1e-5 = 64, and the front is 1e-5's point (forget ES 0.30, against 0.45 at the crossing)."""
+    calls = []
+
+    def trial_at(lr):
+        calls.append(lr)
+        mu, fes = BELOW[lr]
+        return {"lr": lr, "model_utility": mu, "forget_es": fes}
+
+    cfg = BisectConfig(max_trials=2, factor=2.0, probe_past=[2.0, 4.0, 8.0], probe_below=[0.5, 0.25])
+    found = bisect_lr(trial_at, 4e-5, 0.85, cfg)
+    assert found["chosen"]["lr"] == 4e-5 and [t["lr"] for t in found["past_crossing"]] == [1.6e-4, 3.2e-4, 6.4e-4]
+    assert [t["lr"] for t in found["below_crossing"]] == [1e-5, 2e-5]
+    everything = found["trials"] + found["past_crossing"] + found["below_crossing"]
+    assert front(everything, 0.85)["lr"] == 1e-5 and recovers_at(everything, 0.85) == []
+    # where the bisection already went that low, nothing is tried again: from 1e-5 up, 4e-5 kept, 8e-5 broken
+    calls.clear()
+    found = bisect_lr(trial_at, 1e-5, 0.85, replace(cfg, max_trials=4))
+    assert calls == [1e-5, 2e-5, 4e-5, 8e-5, 1.6e-4, 3.2e-4, 6.4e-4] and found["below_crossing"] == []
+    # a tuning records them, reads its front and span over them, and the report's curve has them
+    def unlearn_one(name, ucfg, train, work):
+        (work / "model").mkdir(parents=True)
+        (work / "model" / "lr").write_text(repr(train.lr))
+
+    tune_cfg = TuneConfig(utility_floor=0.85, search="bisect",
+                          bisect={"max_trials": 2, "probe_past": [2, 4, 8], "probe_below": [0.5, 0.25]})
+    result = tune_group("npo", {"npo": (None, TrainConfig(lr=4e-5))}, tune_cfg, unlearn_one,
+                        lambda model, _: trial_at(float((model / "lr").read_text())), 1.0, tmp_path)
+    entry = result["runs"]["npo"]
+    assert entry["front"]["lr"] == 1e-5 and entry["lr_span"] == 64.0 and result["bisect"]["probe_below"] == [0.5, 0.25]
+    from pipeline.studies.tradeoff import read_curve
+    assert read_curve(tmp_path / "choice.json", "npo", 0).front["lr"] == 1e-5
+    # and without probe_below, the choice.json is as before: no below_crossing key
+    assert "below_crossing" not in bisect_lr(trial_at, 4e-5, 0.85, replace(cfg, probe_below=[]))
+    with pytest.raises(ParamError, match=r"tune.bisect.probe_below=\[2\]: must be a list of factors between 0 and 1"):
+        BisectConfig.from_params({"probe_below": [2]})
 
 
 def test_bisection_steps_down_when_the_start_breaks_the_floor_and_keeps_to_its_budget():

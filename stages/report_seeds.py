@@ -13,8 +13,8 @@ from pipeline.evaluation.eval_io import write_strict_json
 from pipeline.common.errors import ParamError
 from pipeline.common.params import check_keys, section
 from pipeline.studies.report import run_row
-from pipeline.studies.significance import (comparison_table, comparisons, load_cells, lr_table, main_table,
-                                              models_table, variant_pairs)
+from pipeline.studies.significance import (comparison_table, comparisons, comparisons_heading, load_cells,
+                                              lr_table, main_table, models_table, variant_pairs)
 from pipeline.studies.tradeoff import write_curves
 
 from .options import params_options
@@ -64,8 +64,6 @@ def command(params: dict, root, models_root, experiment, out) -> None:
     comp_md, comp_csv = comparison_table(results, labels, level)
     lrs_md = lr_table(Path(root), model_seeds, seeds["runs"], labels)
     counts = {v: sum(r["verdict"] == v for r in results) for v in ("better", "worse", "undecided")}
-    against_random = (", and each attribution against random tokens at its budget"
-                      if any(specs[b].get("score") == "random" for _, b in pairs) else "")
     out_dir = Path(out)
     with hold_outputs(out_dir):
         text = (f"## The main table over {len(model_seeds)} model seeds × {len(unlearn_seeds)} unlearning seeds\n\n"
@@ -73,7 +71,7 @@ def command(params: dict, root, models_root, experiment, out) -> None:
                 + models_table(models, model_seeds) + "\n### The runs\n\n"
                 "Each cell: mean over every (model seed, unlearning seed) ± standard deviation between model seeds "
                 "(of their means) / within them (over unlearning seeds).\n\n" + table_md
-                + f"\n### Token level against sequence level{against_random}: {len(results)} comparisons\n\n"
+                + f"\n### {comparisons_heading(specs, pairs)}: {len(results)} comparisons\n\n"
                 f"Paired on (model seed, unlearning seed); two-level bootstrap ({boot['samples']} draws: model seeds, "
                 f"then unlearning seeds within each); family-wise confidence {boot['confidence']} by Bonferroni over "
                 f"the {len(results)} comparisons. Verdicts: {counts['better']} better, {counts['worse']} worse, "

@@ -126,6 +126,13 @@ def variant_pairs(runs: dict[str, dict], names: list[str]) -> list[tuple[str, st
     return to_method + to_random
 
 
+def comparisons_heading(runs: dict[str, dict], pairs: list[tuple[str, str]]) -> str:
+    """The comparisons' section title: it names the random controls where `pairs` has them."""
+    against_random = any(runs[b].get("score") == "random" for _, b in pairs)
+    return "Token level against sequence level" + (
+        ", and each attribution against random tokens at its budget" if against_random else "")
+
+
 def comparisons(cells: dict[str, Cells], pairs: list[tuple[str, str]], confidence: float, samples: int,
                 seed: int) -> tuple[list[dict], float]:
     """Every pair × column with values: the comparisons and the per-interval level (Bonferroni over them)."""

@@ -1,6 +1,6 @@
 """One tuning as the `tune` stage and the Python API run it: each run's learning rate found by `tune_group`
-(tuning.py), with the trainer and the evaluation plugged in, the floor set by the target's own summary; and the
-rate a tuning chose, read back and checked as `unlearn.train.lr` is (`unlearn --lr-from`, `ForgetRequest.tune`)."""
+(tuning.py), with the trainer and the evaluation plugged in, the floor set by the target's own summary, the
+trade-off plotted; and the rate a tuning chose, read back and checked as `unlearn.train.lr` is (`unlearn --lr-from`, `ForgetRequest.tune`)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,17 @@ from pipeline.common.artifacts import read_json, value_at
 from pipeline.common.atomic import atomic_file
 from pipeline.common.errors import DataError
 from pipeline.common.params import LEARNING_RATE, between, section
+from pipeline.common.plots import pyplot, save_figure
 from pipeline.data.config import DataConfig
 from pipeline.evaluation.config import eval_config
 from pipeline.evaluation.evaluate import evaluate_model
 from pipeline.evaluation.inputs import load_inputs
-from pipeline.studies.tuning import TuneConfig, choice_table, plot_tradeoff, tune_group
+from pipeline.studies.tuning import TuneConfig, choice_table, tune_group
 from pipeline.training.engine import TrainConfig, TrainingDiverged
 from pipeline.training.run_config import run_configs
 from pipeline.training.unlearn import run_unlearn
 
-__all__ = ["target_utility", "run_tuning", "chosen_lr"]
+__all__ = ["target_utility", "run_tuning", "chosen_lr", "plot_tradeoff"]
 
 log = logging.getLogger(__name__)
 
@@ -90,3 +91,22 @@ def chosen_lr(choice_file: Path, run: str) -> float:
         log.warning("%s: run '%s': the bisection did not converge (%s): lr %.3g keeps the floor but may lie well "
                     "below it", choice_file, run, runs[run].get("stopped", "its trial budget ran out"), lr)
     return lr
+
+
+def plot_tradeoff(result: dict, path: Path) -> None:
+    """Forget ES against model utility at every lr, one line per run, the utility floor dashed: the variants'
+    trade-off curves, which the chosen points sample."""
+    plt, utility = pyplot(), result.get("utility", "model_utility")
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for name, entry in result["runs"].items():
+        trials = sorted(entry["trials"], key=lambda t: t["lr"])
+        line, = ax.plot([t[utility] for t in trials], [t["forget_es"] for t in trials], marker="o",
+                        label=name)
+        chosen = entry["chosen"]
+        ax.plot([chosen[utility]], [chosen["forget_es"]], marker="*", markersize=14, color=line.get_color())
+    ax.axvline(result["utility_min"], linestyle="--", color="grey", label="utility floor")
+    ax.set_xlabel(f"{utility.replace('_', ' ')} ↑")
+    ax.set_ylabel("forget extraction strength ↓")
+    ax.set_title(f"{result['group']}: one point per lr (star: chosen), seed {result['seed']}")
+    ax.legend()
+    save_figure(fig, path)

@@ -20,10 +20,9 @@ The bisection assumes that utility falls as the rate grows, and a run's utility 
 and come back above it at higher rates, where forgetting is deeper still. So after the bisection the tuner tries
 the crossing's rate × each of `probe_past` (2 and 4), beyond `max_trials`, and records them (`past_crossing`), the
 rates where utility is back above the floor (`recovers_at`), the span of rates tried (`lr_span`) and the run's front:
-the lowest forget ES at utility ≥ the floor over every trial (`front`). `probe_below` (none by default) adds trials at
-the chosen rate × each factor below 1 where no trial lies that low (`below_crossing`), so that the front is read over
-a span of at least max(probe_past) / min(probe_below) around the crossing. The first crossing stays the chosen
-rate.
+the lowest forget ES at utility ≥ the floor over every trial (`front`); `probe_below` (none by default) adds trials
+below the chosen rate where none lies that low (`below_crossing`): a span of max(probe_past) / min(probe_below) at
+least. The first crossing stays the chosen rate.
 
 "Utility" is TOFU's model utility unless `utility` names another key of the evaluation's summary: what the user
 needs kept (retain ES or ROUGE-L on their own retain data, an lm-eval task's accuracy). The target's value of that
@@ -44,7 +43,6 @@ from typing import Callable
 from pipeline.common.atomic import write_json
 from pipeline.common.errors import DataError, ParamError
 from pipeline.common.params import LEARNING_RATE, Rule, between, check_rules, dataclass_from_params
-from pipeline.common.plots import pyplot, save_figure
 from pipeline.studies.tradeoff import forget_es_at, front, recovers_at
 
 log = logging.getLogger(__name__)
@@ -337,25 +335,6 @@ def tune_group(group: str, runs: dict, cfg: TuneConfig, unlearn_one: Callable, e
     write_json(out_dir / "choice.json", result)
     shutil.rmtree(out_dir / "work", ignore_errors=True)
     return result
-
-
-def plot_tradeoff(result: dict, path: Path) -> None:
-    """Forget ES against model utility at every lr, one line per run, the utility floor dashed: the variants'
-    trade-off curves, which the chosen points sample."""
-    plt, utility = pyplot(), result.get("utility", "model_utility")
-    fig, ax = plt.subplots(figsize=(6, 4.2))
-    for name, entry in result["runs"].items():
-        trials = sorted(entry["trials"], key=lambda t: t["lr"])
-        line, = ax.plot([t[utility] for t in trials], [t["forget_es"] for t in trials], marker="o",
-                        label=name)
-        chosen = entry["chosen"]
-        ax.plot([chosen[utility]], [chosen["forget_es"]], marker="*", markersize=14, color=line.get_color())
-    ax.axvline(result["utility_min"], linestyle="--", color="grey", label="utility floor")
-    ax.set_xlabel(f"{utility.replace('_', ' ')} ↑")
-    ax.set_ylabel("forget extraction strength ↓")
-    ax.set_title(f"{result['group']}: one point per lr (star: chosen), seed {result['seed']}")
-    ax.legend()
-    save_figure(fig, path)
 
 
 def choice_table(result: dict) -> str:

@@ -12,9 +12,8 @@ from pipeline.common.errors import DataError, ParamError
 from pipeline.common.params import LEARNING_RATE
 from pipeline.training.engine import TrainConfig
 from pipeline.studies.tradeoff import forget_es_at, front, recovers_at
-from pipeline.studies.tuning import (BisectConfig, TuneConfig, bisect_lr, choice_table, choose,
-                                     plot_tradeoff, tune_group)
-from pipeline.studies.tune_runs import chosen_lr
+from pipeline.studies.tuning import BisectConfig, TuneConfig, bisect_lr, choice_table, choose, tune_group
+from pipeline.studies.tune_runs import chosen_lr, plot_tradeoff
 
 TRIALS = [  # lr, forget ES, MU
     {"lr": 1e-4, "forget_es": 0.80, "model_utility": 0.88},

@@ -117,12 +117,11 @@ def variant_pairs(runs: dict[str, dict], names: list[str]) -> list[tuple[str, st
                  if runs[n]["weighting"] != "uniform" and runs[n]["method"] in uniform]
 
     def budget(n):  # what a run is but for its score and its rate (each run's rate is its own bisection's)
-        return sorted((k, repr(v)) for k, v in runs[n].items() if k not in ("score", "train"))
-    random = {repr(budget(n)): n for n in names
-              if runs[n]["weighting"] != "uniform" and runs[n].get("score") == "random"}
-    to_random = [(n, random[repr(budget(n))]) for n in names
-                 if runs[n]["weighting"] != "uniform" and runs[n].get("score") != "random"
-                 and repr(budget(n)) in random]
+        return tuple(sorted((k, repr(v)) for k, v in runs[n].items() if k not in ("score", "train")))
+    token_level = [n for n in names if runs[n]["weighting"] != "uniform"]
+    controls = {budget(n): n for n in token_level if runs[n].get("score") == "random"}
+    to_random = [(n, controls[budget(n)]) for n in token_level
+                 if runs[n].get("score") != "random" and budget(n) in controls]
     return to_method + to_random
 
 

@@ -1,6 +1,7 @@
 """One tuning as the `tune` stage and the Python API run it: each run's learning rate found by `tune_group`
 (tuning.py), with the trainer and the evaluation plugged in, the floor set by the target's own summary, the
-trade-off plotted; and the rate a tuning chose, read back and checked as `unlearn.train.lr` is (`unlearn --lr-from`, `ForgetRequest.tune`)."""
+trade-off plotted; and the rate a tuning chose, read back and checked as `unlearn.train.lr` is (`unlearn --lr-from`,
+`ForgetRequest.tune`)."""
 
 from __future__ import annotations
 

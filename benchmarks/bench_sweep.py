@@ -3,19 +3,26 @@
   overhead   Ray's start (a local Ray of 2 CPUs) and its cost per task: N stages whose command is `true`, run
              one at a time through the sweep, against the same commands run by subprocess
   dvc        the sweep driver's DVC calls per stage, on a one-stage project: is it up to date, and recording it
+  lock       DVC's parse of a large dvc.lock (default: experiments/seeds/dvc.lock), which the driver reads again for
+             each stage it asks about or records: ruamel.yaml's C loader against its pure-Python one, interleaved
+  record     recording one stage in a lock of N stages (--lock-stages) made here: the ledger's write (DVC's fast
+             parser, a rename) against DVC's own in-place round-trip rewrite, interleaved
   stages     real stages of a pipeline (default: six evaluations of the paper's sweep, experiments/paper), rerun
              by `dvc repro --force --single-item` (one stage at a time, all cores to each) and by `tokenunlearn
              sweep --force --workers 2` (two at a time, a core each); both rewrite the same outputs, which
              dvc.lock records again (the stages are deterministic: the lock does not change)
 
     python benchmarks/bench_sweep.py                              # after `make paper`
+    python benchmarks/bench_sweep.py --lock-only                  # the lock parse and write, on a fresh clone
     python benchmarks/bench_sweep.py --dvc-file dvc.yaml --stages evaluate@npo evaluate@t_npo   # after `make demo`
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -57,7 +64,7 @@ def dvc_calls(repeats: int = 5) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "dvc.yaml").write_text("stages:\n  a:\n    cmd: echo a > a.txt\n    outs: [a.txt]\n")
-        subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=root, check=True)
+        subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=root, check=True)
         (root / "a.txt").write_text("a\n")
         ledger, stale, record = DvcLedger(root), [], []
         for _ in range(repeats):
@@ -68,6 +75,84 @@ def dvc_calls(repeats: int = 5) -> dict:
             ledger.stale(["dvc.yaml:a"])
             stale.append(time.perf_counter() - t)
     return {"stale_s": round(statistics.median(stale), 3), "record_s": round(statistics.median(record), 3)}
+
+
+def lock_parse(lock: Path, repeats: int = 3) -> dict:
+    """Seconds per parse of `lock` as DVC parses it (ruamel.yaml, typ="safe"), with the C loader and without it."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.main import CParser
+
+    text = lock.read_text()
+    loaders = {"c": YAML(typ="safe"), "pure": YAML(typ="safe", pure=True)}
+    if CParser is None:
+        return {"lock": str(lock), "error": "no C loader: install ruamel.yaml.clib (pyproject.toml)"}
+    seconds = {name: [] for name in loaders}
+    parsed = {}
+    for _ in range(repeats):  # interleaved, so that a busy spell on the shared cores falls on both
+        for name, yaml in loaders.items():
+            t = time.process_time()
+            parsed[name] = yaml.load(text)
+            seconds[name].append(time.process_time() - t)
+    c, pure = (statistics.median(seconds[n]) for n in ("c", "pure"))
+    return {"lock": str(lock.relative_to(REPO)) if lock.is_relative_to(REPO) else str(lock),
+            "mib": round(len(text) / 2**20, 2), "c_s": round(c, 2), "pure_s": round(pure, 2),
+            "pure_over_c": round(pure / c, 2), "same_data": parsed["c"] == parsed["pure"]}
+
+
+@contextlib.contextmanager
+def _cwd(path):
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def lock_record(n_stages: int, repeats: int = 3) -> dict:
+    """CPU seconds to record one stage in a lock of `n_stages` stages (each with 150 params: 4 kB a stage, as the
+    experiments' stages have): by the ledger's `write_lock`; by DVC's `dump_stages`; and by DVC's with ruamel.yaml's
+    pure-Python loader, as before the C loader was a dependency. The locks must come out the same."""
+    import ruamel.yaml.main
+
+    from pipeline.sweep import ledger as ledger_module
+
+    dvc_dump = lambda stages: stages[0].dvcfile.dump_stages(stages, update_pipeline=False)  # noqa: E731
+    ways = {"ledger": (ledger_module.write_lock, ruamel.yaml.main.CParser), "dvc": (dvc_dump, ruamel.yaml.main.CParser),
+            "dvc_pure": (dvc_dump, None)}
+    with tempfile.TemporaryDirectory() as tmp, _cwd(tmp):  # DVC reads paths from the cwd
+        root = Path(tmp)
+        keys = [f"k{j}" for j in range(150)]
+        (root / "params.yaml").write_text("".join(f"{k}: {j}.5e-05\n" for j, k in enumerate(keys)))
+        (root / "dvc.yaml").write_text(
+            f"stages:\n  s:\n    foreach: {list(range(n_stages))}\n    do:\n"
+            "      cmd: echo ${item} > out/${item}.txt\n      params: [" + ", ".join(keys) + "]\n"
+            "      outs:\n        - out/${item}.txt\n")
+        subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=root, check=True)
+        (root / "out").mkdir()
+        for i in range(n_stages):
+            (root / "out" / f"{i}.txt").write_text(f"{i}\n")
+        book = DvcLedger(root)
+        book.record([f"dvc.yaml:s@{i}" for i in range(n_stages)])
+        seconds, locks = {name: [] for name in ways}, {}
+        for r in range(repeats):  # interleaved, so that a busy spell on the shared cores falls on all
+            for name, (write, parser) in ways.items():
+                (root / "out" / "0.txt").write_text(f"{r}\n")  # a new output each repeat: a changed entry
+                saved = ledger_module.write_lock, ruamel.yaml.main.CParser
+                ledger_module.write_lock, ruamel.yaml.main.CParser = write, parser
+                try:
+                    t = time.process_time()
+                    book.record(["dvc.yaml:s@0"])
+                    seconds[name].append(time.process_time() - t)
+                finally:
+                    ledger_module.write_lock, ruamel.yaml.main.CParser = saved
+                locks[name] = (root / "dvc.lock").read_text()
+        median = {name: statistics.median(s) for name, s in seconds.items()}
+        return {"stages": n_stages, "lock_mib": round((root / "dvc.lock").stat().st_size / 2**20, 2),
+                **{f"{name}_s": round(m, 2) for name, m in median.items()},
+                "dvc_over_ledger": round(median["dvc"] / median["ledger"], 2),
+                "dvc_pure_over_ledger": round(median["dvc_pure"] / median["ledger"], 2),
+                "same_lock": len(set(locks.values())) == 1}
 
 
 def stages(dvc_file: str, names: list[str]) -> dict:
@@ -96,8 +181,15 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=20)
     p.add_argument("--dvc-file", default="experiments/paper/dvc.yaml", help="the pipeline of the stages")
     p.add_argument("--stages", nargs="*", default=MAIN, help="its stages to rerun both ways")
+    p.add_argument("--lock", type=Path, default=REPO / "experiments/seeds/dvc.lock", help="the lock to parse")
+    p.add_argument("--lock-stages", type=int, default=400, help="the stages of the lock `record` writes in")
+    p.add_argument("--lock-only", action="store_true", help="measure the lock parse and write alone")
     args = p.parse_args()
-    result = {"overhead": overhead(args.tasks), "dvc": dvc_calls()}
+    result = {"lock": lock_parse(args.lock), "record": lock_record(args.lock_stages)}
+    if args.lock_only:
+        print(json.dumps(result, indent=1))
+        return
+    result.update(overhead=overhead(args.tasks), dvc=dvc_calls())
     print(json.dumps(result), flush=True)
     if args.stages:
         result["stages"] = stages(args.dvc_file, args.stages)

@@ -15,6 +15,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from pipeline.common.atomic import atomic_file
 from pipeline.common.errors import DataError
 from pipeline.common.locks import LockWait
 from pipeline.sweep.plan import overlaps
@@ -53,6 +54,27 @@ def locked_repo(root: Path, wait_s: float = LOCK_WAIT_S):
         return
 
 
+def write_lock(stages: list) -> None:
+    """Record `stages` (of one dvc.yaml) in its dvc.lock as DVC's `dump_stages` does, by DVC's own serializer (the
+    same bytes, tests/sweep), but faster and whole: DVC parses the lock again round-trip, in pure Python, to keep
+    comments a lock never has (10 s on a 2.5 MiB lock), and rewrites it in place, which a kill amid the write
+    leaves truncated. Here DVC's fast parser reads it and a rename replaces it."""
+    from dvc.stage.serialize import to_lockfile
+    from dvc.utils.serialize import dumps_yaml, parse_yaml
+
+    dvcfile = stages[0].dvcfile
+    lock = Path(os.path.splitext(dvcfile.path)[0] + ".lock").resolve()  # DVC's rule; a linked lock stays a link
+    data = parse_yaml(lock.read_text(encoding="utf-8"), str(lock)) if lock.is_file() else None
+    if not data:  # a new lock: DVC writes its header
+        dvcfile.dump_stages(stages, update_pipeline=False)
+        return
+    recorded = data.setdefault("stages", {})
+    for stage in stages:
+        recorded.update(to_lockfile(stage))
+    with atomic_file(lock) as f:
+        f.write(dumps_yaml(data))
+
+
 class DvcLedger:
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -73,16 +95,20 @@ class DvcLedger:
         except DvcException as e:
             raise DataError(f"{top}: the stage `code` (the code manifests) failed: {e}") from None
 
-    def _stages(self, repo, addresses: list[str], missing_ok: bool = False):
-        """(address, stage) for each address, grouped by dvc.yaml, with one parse per file. DVC reads a relative
-        path from the working directory, so the file is made absolute. A stage not there is an error, or (with
+    def _stages(self, repo, addresses: list[str], missing_ok: bool = False, parsed: dict | None = None):
+        """(address, stage) for each address, grouped by dvc.yaml, with one parse per file (per `parsed`, the files
+        already parsed in this call on `repo`: a large dvc.lock takes seconds to parse). DVC reads a relative path
+        from the working directory, so the file is made absolute. A stage not there is an error, or (with
         `missing_ok`) left out."""
+        parsed = {} if parsed is None else parsed
         files = defaultdict(list)
         for address in addresses:
             path, _, name = address.rpartition(":")
             files[str(self.root / (path or "dvc.yaml"))].append((address, name))
         for path, wanted in files.items():
-            stages = {s.name: s for s in repo.stage.collect(path)}
+            if path not in parsed:
+                parsed[path] = {s.name: s for s in repo.stage.collect(path)}
+            stages = parsed[path]
             missing = sorted(name for _, name in wanted if name not in stages)
             if missing and not missing_ok:
                 raise DataError(f"{path}: no stage {missing}")
@@ -117,10 +143,12 @@ class DvcLedger:
         what = {"cmd": stage.cmd, "wdir": rel(stage.wdir), "deps": deps}
         return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
-    def _fingerprints(self, repo, addresses: list[str], planned: list[str]) -> dict[str, str]:
-        produced = [os.path.relpath(o.fs_path, self.root)
-                    for group in self._stages(repo, planned, missing_ok=True) for _, stage in group for o in stage.outs]
-        return {a: self._fingerprint(stage, produced) for group in self._stages(repo, addresses) for a, stage in group}
+    def _fingerprints(self, repo, addresses: list[str], planned: list[str], parsed: dict) -> dict[str, str]:
+        planned_stages = self._stages(repo, planned, missing_ok=True, parsed=parsed)
+        produced = [os.path.relpath(o.fs_path, self.root) for group in planned_stages for _, stage in group
+                    for o in stage.outs]
+        return {a: self._fingerprint(stage, produced)
+                for group in self._stages(repo, addresses, parsed=parsed) for a, stage in group}
 
     def fingerprints(self, addresses: list[str]) -> dict[str, str]:
         """Each planned stage's fingerprint (see `_fingerprint`); `addresses` is the whole plan."""
@@ -128,7 +156,7 @@ class DvcLedger:
 
         try:
             with locked_repo(self.root) as repo:
-                return self._fingerprints(repo, addresses, addresses)
+                return self._fingerprints(repo, addresses, addresses, {})
         except DvcException as e:
             raise DataError(f"{', '.join(addresses)}: DVC cannot read them: {e}") from None
 
@@ -144,17 +172,17 @@ class DvcLedger:
 
         try:
             with locked_repo(self.root) as repo:
-                refused = []
+                refused, parsed = [], {}
                 if expected is not None:
-                    now = self._fingerprints(repo, addresses, list(planned) or addresses)
+                    now = self._fingerprints(repo, addresses, list(planned) or addresses, parsed)
                     refused = [a for a in addresses if expected.get(a) is None or expected[a] != now[a]]
                     addresses = [a for a in addresses if a not in refused]
-                for group in self._stages(repo, addresses):
+                for group in self._stages(repo, addresses, parsed=parsed):
                     stages = [stage for _, stage in group]
                     for stage in stages:
                         stage.save()
                         stage.commit()
-                    stages[0].dvcfile.dump_stages(stages, update_pipeline=False)
+                    write_lock(stages)
                 return refused
         except DvcException as e:  # an output the stage did not write, say
             raise DataError(f"{', '.join(addresses)}: dvc commit failed: {e}") from None

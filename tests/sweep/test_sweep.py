@@ -194,3 +194,59 @@ def test_the_ledger_waits_for_another_dvc_process_holding_the_lock(tmp_path, mon
     other.close()
     assert "make@a" not in _status(tmp_path, env).split("combine")[0]
     assert "make@a" in (tmp_path / "dvc.lock").read_text()
+
+
+@pytest.mark.slow
+def test_recording_stages_parses_their_dvc_yaml_and_lock_once(tmp_path, monkeypatch):
+    """The sweep records each stage that ends as it ends: with a lock of thousands of stages each parse of dvc.yaml
+    and dvc.lock takes seconds, so a record checks the fingerprints and writes the lock on one parse."""
+    from dvc.repo.stage import StageLoad
+
+    from pipeline.sweep.ledger import DvcLedger
+
+    _dvc_project(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    subprocess.run(["sh", "-c", "mkdir -p parts && echo a > parts/a.txt && echo b > parts/b.txt"], cwd=tmp_path,
+                   check=True)
+    ledger, plan = DvcLedger(tmp_path), ["dvc.yaml:make@a", "dvc.yaml:make@b", "dvc.yaml:combine"]
+    expected = ledger.fingerprints(plan)
+    collect, calls = StageLoad.collect, []
+    monkeypatch.setattr(StageLoad, "collect", lambda self, *a, **k: calls.append(a) or collect(self, *a, **k))
+    assert ledger.record(plan[:2], expected, plan) == []
+    assert len(calls) == 1
+    lock = (tmp_path / "dvc.lock").read_text()
+    assert "make@a" in lock and "make@b" in lock and "combine" not in lock
+
+
+@pytest.mark.slow
+def test_the_ledger_writes_the_bytes_dvc_writes_and_a_failed_write_keeps_the_lock(tmp_path, monkeypatch):
+    """The ledger writes dvc.lock itself (DVC's serializer, its fast parser, a rename) instead of DVC's in-place
+    round-trip rewrite: for the same stages the same bytes, and a write that fails leaves the lock as it was."""
+    import dvc.utils.serialize
+
+    from pipeline.sweep import ledger
+
+    plan = ["dvc.yaml:make@b", "dvc.yaml:make@c", "dvc.yaml:combine"]
+    locks = {}
+    for name, write in (("ours", ledger.write_lock),
+                        ("dvc", lambda stages: stages[0].dvcfile.dump_stages(stages, update_pipeline=False))):
+        root = tmp_path / name
+        root.mkdir()
+        _dvc_project(root)
+        subprocess.run(["sh", "-c", "mkdir -p parts && for x in a b c; do echo $x > parts/$x.txt; done && "
+                        "cat parts/a.txt parts/b.txt parts/c.txt > all.txt"], cwd=root, check=True)
+        monkeypatch.chdir(root)
+        ledger.DvcLedger(root).record(["dvc.yaml:make@a"])  # a new lock: DVC writes it, its header first
+        monkeypatch.setattr(ledger, "write_lock", write)
+        ledger.DvcLedger(root).record(plan)
+        monkeypatch.undo()
+        locks[name] = (root / "dvc.lock").read_text()
+    assert locks["ours"] == locks["dvc"] and "combine" in locks["ours"]
+
+    (tmp_path / "ours/all.txt").write_text("changed\n")
+    monkeypatch.chdir(tmp_path / "ours")
+    monkeypatch.setattr(dvc.utils.serialize, "dumps_yaml", lambda data: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        ledger.DvcLedger(tmp_path / "ours").record(["dvc.yaml:combine"])
+    assert (tmp_path / "ours/dvc.lock").read_text() == locks["ours"]
+    assert not [p for p in (tmp_path / "ours").iterdir() if p.name.startswith(".dvc.lock.tmp")]

@@ -3,10 +3,11 @@
   overhead   Ray's start (a local Ray of 2 CPUs) and its cost per task: N stages whose command is `true`, run
              one at a time through the sweep, against the same commands run by subprocess
   dvc        the sweep driver's DVC calls per stage, on a one-stage project: is it up to date, and recording it
-  lock       DVC's parse of a large dvc.lock (default: experiments/seeds/dvc.lock), which the driver reads again for
-             each stage it asks about or records: ruamel.yaml's C loader against its pure-Python one, interleaved
-  record     recording one stage in a lock of N stages (--lock-stages) made here: the ledger's write (DVC's fast
-             parser, a rename) against DVC's own in-place round-trip rewrite, interleaved
+  lock       (--lock-only) DVC's parse of a large dvc.lock (default: experiments/seeds/dvc.lock), which the
+             driver reads again for each stage it asks about or records: ruamel.yaml's C loader against its
+             pure-Python one, interleaved
+  record     (--lock-only) recording one stage in a lock of N stages (--lock-stages) made here: the ledger's write
+             (DVC's fast parser, a rename) against DVC's own in-place round-trip rewrite, interleaved
   stages     real stages of a pipeline (default: six evaluations of the paper's sweep, experiments/paper), rerun
              by `dvc repro --force --single-item` (one stage at a time, all cores to each) and by `tokenunlearn
              sweep --force --workers 2` (two at a time, a core each); both rewrite the same outputs, which
@@ -135,18 +136,24 @@ def lock_record(n_stages: int, repeats: int = 3) -> dict:
         book = DvcLedger(root)
         book.record([f"dvc.yaml:s@{i}" for i in range(n_stages)])
         seconds, locks = {name: [] for name in ways}, {}
+
+        def record(name: str, output: str) -> float:
+            (root / "out" / "0.txt").write_text(output)
+            saved = ledger_module.write_lock, ruamel.yaml.main.CParser
+            ledger_module.write_lock, ruamel.yaml.main.CParser = ways[name]
+            try:
+                t = time.process_time()
+                book.record(["dvc.yaml:s@0"])
+                return time.process_time() - t
+            finally:
+                ledger_module.write_lock, ruamel.yaml.main.CParser = saved
+
         for r in range(repeats):  # interleaved, so that a busy spell on the shared cores falls on all
-            for name, (write, parser) in ways.items():
-                (root / "out" / "0.txt").write_text(f"{r}\n")  # a new output each repeat: a changed entry
-                saved = ledger_module.write_lock, ruamel.yaml.main.CParser
-                ledger_module.write_lock, ruamel.yaml.main.CParser = write, parser
-                try:
-                    t = time.process_time()
-                    book.record(["dvc.yaml:s@0"])
-                    seconds[name].append(time.process_time() - t)
-                finally:
-                    ledger_module.write_lock, ruamel.yaml.main.CParser = saved
-                locks[name] = (root / "dvc.lock").read_text()
+            for name in ways:
+                seconds[name].append(record(name, f"{r} {name}\n"))  # a new output each time: a changed entry
+        for name in ways:  # the same output recorded each way: the same lock
+            record(name, "same\n")
+            locks[name] = (root / "dvc.lock").read_text()
         median = {name: statistics.median(s) for name, s in seconds.items()}
         return {"stages": n_stages, "lock_mib": round((root / "dvc.lock").stat().st_size / 2**20, 2),
                 **{f"{name}_s": round(m, 2) for name, m in median.items()},
@@ -185,11 +192,10 @@ def main() -> None:
     p.add_argument("--lock-stages", type=int, default=400, help="the stages of the lock `record` writes in")
     p.add_argument("--lock-only", action="store_true", help="measure the lock parse and write alone")
     args = p.parse_args()
-    result = {"lock": lock_parse(args.lock), "record": lock_record(args.lock_stages)}
     if args.lock_only:
-        print(json.dumps(result, indent=1))
+        print(json.dumps({"lock": lock_parse(args.lock), "record": lock_record(args.lock_stages)}, indent=1))
         return
-    result.update(overhead=overhead(args.tasks), dvc=dvc_calls())
+    result = {"overhead": overhead(args.tasks), "dvc": dvc_calls()}
     print(json.dumps(result), flush=True)
     if args.stages:
         result["stages"] = stages(args.dvc_file, args.stages)

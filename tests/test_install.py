@@ -27,7 +27,7 @@ def test_dvc_reads_locks_with_ruamel_yamls_c_loader_to_the_same_data():
     from ruamel.yaml import YAML
     from ruamel.yaml.main import CParser
 
-    assert CParser is not None
+    assert CParser is not None and YAML(typ="safe").Parser is CParser  # the loader DVC's parse_yaml makes
     lock = "schema: '2.0'\nstages:\n" + "".join(
         f"  s@{i}:\n    cmd: echo {i} > o{i}\n    outs:\n    - path: o{i}\n      md5: {i:032x}\n      size: {i}\n"
         f"    params:\n      p.yaml:\n        lr: {i}e-05\n        on: {str(i % 2 == 1).lower()}\n" for i in range(50))

@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -56,23 +57,29 @@ def locked_repo(root: Path, wait_s: float = LOCK_WAIT_S):
 
 def write_lock(stages: list) -> None:
     """Record `stages` (of one dvc.yaml) in its dvc.lock as DVC's `dump_stages` does, by DVC's own serializer (the
-    same bytes, tests/sweep), but faster and whole: DVC parses the lock again round-trip, in pure Python, to keep
-    comments a lock never has (10 s on a 2.5 MiB lock), and rewrites it in place, which a kill amid the write
-    leaves truncated. Here DVC's fast parser reads it and a rename replaces it."""
+    bytes DVC writes, for a lock DVC wrote: tests/sweep), but faster and whole: DVC parses the lock again
+    round-trip, in pure Python, to keep comments a lock never has (10 s on a 2.5 MiB lock), and rewrites it in
+    place, which a kill amid the write leaves truncated. Here DVC's fast parser reads it and a rename replaces it,
+    with the lock's mode and group. A hand-edited lock loses its comments and spellings (`1.0e-05`), not values."""
     from dvc.stage.serialize import to_lockfile
     from dvc.utils.serialize import dumps_yaml, parse_yaml
 
     dvcfile = stages[0].dvcfile
     lock = Path(os.path.splitext(dvcfile.path)[0] + ".lock").resolve()  # DVC's rule; a linked lock stays a link
-    data = parse_yaml(lock.read_text(encoding="utf-8"), str(lock)) if lock.is_file() else None
-    if not data:  # a new lock: DVC writes its header
+    ours = lock.is_file() and os.access(lock, os.W_OK) and os.access(lock.parent, os.W_OK)
+    data = parse_yaml(lock.read_text(encoding="utf-8"), str(lock)) if ours else None
+    if not data:  # a new lock (DVC writes its header), or one DVC must refuse to write as it would
         dvcfile.dump_stages(stages, update_pipeline=False)
         return
     recorded = data.setdefault("stages", {})
     for stage in stages:
         recorded.update(to_lockfile(stage))
+    before = lock.stat()
     with atomic_file(lock) as f:
         f.write(dumps_yaml(data))
+        os.chmod(f.name, stat.S_IMODE(before.st_mode))  # a shared checkout's group-writable lock stays so
+        with contextlib.suppress(OSError):
+            os.chown(f.name, -1, before.st_gid)
 
 
 class DvcLedger:

@@ -1,6 +1,7 @@
 """tokenunlearn sweep: a DVC pipeline's stages as Ray tasks, in dependency order, recorded in dvc.lock."""
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -197,9 +198,9 @@ def test_the_ledger_waits_for_another_dvc_process_holding_the_lock(tmp_path, mon
 
 
 @pytest.mark.slow
-def test_recording_stages_parses_their_dvc_yaml_and_lock_once(tmp_path, monkeypatch):
-    """The sweep records each stage that ends as it ends: with a lock of thousands of stages each parse of dvc.yaml
-    and dvc.lock takes seconds, so a record checks the fingerprints and writes the lock on one parse."""
+def test_recording_stages_collects_their_dvc_yaml_once(tmp_path, monkeypatch):
+    """The sweep records each stage that ends as it ends: with a lock of thousands of stages DVC's collection of a
+    dvc.yaml (which parses its lock) takes seconds, so a record checks the fingerprints and saves the stages on one."""
     from dvc.repo.stage import StageLoad
 
     from pipeline.sweep.ledger import DvcLedger
@@ -221,32 +222,62 @@ def test_recording_stages_parses_their_dvc_yaml_and_lock_once(tmp_path, monkeypa
 @pytest.mark.slow
 def test_the_ledger_writes_the_bytes_dvc_writes_and_a_failed_write_keeps_the_lock(tmp_path, monkeypatch):
     """The ledger writes dvc.lock itself (DVC's serializer, its fast parser, a rename) instead of DVC's in-place
-    round-trip rewrite: for the same stages the same bytes, and a write that fails leaves the lock as it was."""
-    import dvc.utils.serialize
+    round-trip rewrite: for the same stages the same bytes (new entries, a changed one, float params), the lock's
+    mode kept, and a write that fails halfway leaves the lock as it was."""
+    import contextlib
+    import stat
 
     from pipeline.sweep import ledger
 
-    plan = ["dvc.yaml:make@b", "dvc.yaml:make@c", "dvc.yaml:combine"]
+    def project(root):
+        root.mkdir()
+        _dvc_project(root)
+        text = (root / "dvc.yaml").read_text()
+        (root / "dvc.yaml").write_text(text.replace("      outs:\n", "      params: [lr, floor, name]\n      outs:\n"))
+        with open(root / "params.yaml", "a") as f:
+            f.write("lr: 1.0e-05\nfloor: 0.9\nname: 'yes'\n")
+        subprocess.run(["sh", "-c", "mkdir -p parts && for x in a b c; do echo $x > parts/$x.txt; done && "
+                        "cat parts/a.txt parts/b.txt parts/c.txt > all.txt"], cwd=root, check=True)
+
     locks = {}
     for name, write in (("ours", ledger.write_lock),
                         ("dvc", lambda stages: stages[0].dvcfile.dump_stages(stages, update_pipeline=False))):
         root = tmp_path / name
-        root.mkdir()
-        _dvc_project(root)
-        subprocess.run(["sh", "-c", "mkdir -p parts && for x in a b c; do echo $x > parts/$x.txt; done && "
-                        "cat parts/a.txt parts/b.txt parts/c.txt > all.txt"], cwd=root, check=True)
+        project(root)
         monkeypatch.chdir(root)
         ledger.DvcLedger(root).record(["dvc.yaml:make@a"])  # a new lock: DVC writes it, its header first
         monkeypatch.setattr(ledger, "write_lock", write)
-        ledger.DvcLedger(root).record(plan)
+        ledger.DvcLedger(root).record(["dvc.yaml:make@b", "dvc.yaml:make@c", "dvc.yaml:combine"])
+        (root / "parts/a.txt").write_text("a again\n")  # an entry already there, changed
+        ledger.DvcLedger(root).record(["dvc.yaml:make@a"])
         monkeypatch.undo()
         locks[name] = (root / "dvc.lock").read_text()
-    assert locks["ours"] == locks["dvc"] and "combine" in locks["ours"]
+    assert locks["ours"] == locks["dvc"] and "combine" in locks["ours"] and "1e-05" in locks["ours"]
 
-    (tmp_path / "ours/all.txt").write_text("changed\n")
-    monkeypatch.chdir(tmp_path / "ours")
-    monkeypatch.setattr(dvc.utils.serialize, "dumps_yaml", lambda data: 1 / 0)
-    with pytest.raises(ZeroDivisionError):
-        ledger.DvcLedger(tmp_path / "ours").record(["dvc.yaml:combine"])
-    assert (tmp_path / "ours/dvc.lock").read_text() == locks["ours"]
-    assert not [p for p in (tmp_path / "ours").iterdir() if p.name.startswith(".dvc.lock.tmp")]
+    ours = tmp_path / "ours"
+    monkeypatch.chdir(ours)
+    os.chmod(ours / "dvc.lock", 0o640)
+    (ours / "all.txt").write_text("changed\n")
+    ledger.DvcLedger(ours).record(["dvc.yaml:combine"])
+    assert stat.S_IMODE((ours / "dvc.lock").stat().st_mode) == 0o640
+    written = (ours / "dvc.lock").read_text()
+
+    real = ledger.atomic_file
+
+    @contextlib.contextmanager
+    def half_written(target):
+        with real(target) as f:
+            class Full:  # the disk fills halfway through the lock
+                name = f.name
+
+                def write(self, text):
+                    f.write(text[: len(text) // 2])
+                    raise OSError(28, "No space left on device")
+            yield Full()
+
+    monkeypatch.setattr(ledger, "atomic_file", half_written)
+    (ours / "all.txt").write_text("changed again\n")
+    with pytest.raises(Exception, match="No space left"):
+        ledger.DvcLedger(ours).record(["dvc.yaml:combine"])
+    assert (ours / "dvc.lock").read_text() == written
+    assert not [p for p in ours.iterdir() if p.name.startswith(".dvc.lock.tmp")]

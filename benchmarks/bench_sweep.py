@@ -118,7 +118,7 @@ def lock_record(n_stages: int, repeats: int = 3) -> dict:
 
     from pipeline.sweep import ledger as ledger_module
 
-    dvc_dump = lambda stages: stages[0].dvcfile.dump_stages(stages, update_pipeline=False)  # noqa: E731
+    dvc_dump = ledger_module.dump_by_dvc
     ways = {"ledger": (ledger_module.write_lock, ruamel.yaml.main.CParser), "dvc": (dvc_dump, ruamel.yaml.main.CParser),
             "dvc_pure": (dvc_dump, None)}
     with tempfile.TemporaryDirectory() as tmp, _cwd(tmp):  # DVC reads paths from the cwd

@@ -55,6 +55,11 @@ def locked_repo(root: Path, wait_s: float = LOCK_WAIT_S):
         return
 
 
+def dump_by_dvc(stages: list) -> None:
+    """DVC's own record of `stages` (of one dvc.yaml) in its dvc.lock, as `dvc commit` writes it."""
+    stages[0].dvcfile.dump_stages(stages, update_pipeline=False)
+
+
 def write_lock(stages: list) -> None:
     """Record `stages` (of one dvc.yaml) in its dvc.lock as DVC's `dump_stages` does, by DVC's own serializer (the
     bytes DVC writes, for a lock DVC wrote: tests/sweep), but faster and whole: DVC parses the lock again
@@ -67,9 +72,10 @@ def write_lock(stages: list) -> None:
     dvcfile = stages[0].dvcfile
     lock = Path(os.path.splitext(dvcfile.path)[0] + ".lock").resolve()  # DVC's rule; a linked lock stays a link
     ours = lock.is_file() and os.access(lock, os.W_OK) and os.access(lock.parent, os.W_OK)
+    # read again, not DVC's `lockfile_contents` from the collection: that is its schema's copy, not the file's data
     data = parse_yaml(lock.read_text(encoding="utf-8"), str(lock)) if ours else None
     if not data:  # a new lock (DVC writes its header), or one DVC must refuse to write as it would
-        dvcfile.dump_stages(stages, update_pipeline=False)
+        dump_by_dvc(stages)
         return
     recorded = data.setdefault("stages", {})
     for stage in stages:

@@ -240,8 +240,7 @@ def test_the_ledger_writes_the_bytes_dvc_writes_and_a_failed_write_keeps_the_loc
                         "cat parts/a.txt parts/b.txt parts/c.txt > all.txt"], cwd=root, check=True)
 
     locks = {}
-    for name, write in (("ours", ledger.write_lock),
-                        ("dvc", lambda stages: stages[0].dvcfile.dump_stages(stages, update_pipeline=False))):
+    for name, write in (("ours", ledger.write_lock), ("dvc", ledger.dump_by_dvc)):
         root = tmp_path / name
         project(root)
         monkeypatch.chdir(root)

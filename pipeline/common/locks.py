@@ -78,7 +78,8 @@ def read_lock(path: Path) -> LockFile | None:
     if (read := _read(path)) is None:
         return None
     st, text = read
-    age, stamp = time.time() - st.st_mtime, (st.st_ino, st.st_mtime_ns, text)
+    # never below 0: a file's mtime may lie a hair after time.time() (CI printed "an empty lock -0 s old")
+    age, stamp = max(0.0, time.time() - st.st_mtime), (st.st_ino, st.st_mtime_ns, text)
     if m := re.fullmatch(r"(\S+) (\d+)", text):
         return LockFile(path, text, age, stamp, m.group(1), int(m.group(2)))
     if m := re.fullmatch(r"pid (\d+) on (\S+)", text):

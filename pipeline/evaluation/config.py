@@ -38,6 +38,8 @@ class EvalConfig:
     tofu_sets: list = field(default_factory=lambda: list(TOFU_SETS))
     batch_size: int = 32               # teacher forcing and generation
     max_new_tokens: int = 64           # greedy answers for ROUGE (open-unlearning's generation config: 64)
+    forget_rouge: bool = True          # the forget set's greedy answers and ROUGE; the tuner's trials switch it off
+                                       # (they read forget ES, and the generation is most of the forget set's time)
     es_definition: str = "open-unlearning"  # or strict: ES = 0, not 1/n, when even the last answer token is wrong
     loss_dtype: str = "float32"        # the NLLs' arithmetic: float32 logits (open-unlearning's) or the model's dtype
     multiple_choice: dict = field(default_factory=dict)  # name -> {format: world|wmdp|mmlu, source, scoring, ...}

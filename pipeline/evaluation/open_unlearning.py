@@ -72,9 +72,10 @@ def set_logs(kind: str, items: list[dict], perturbed: bool = True) -> dict[str, 
     logs = {f"{p}_Q_A_Prob": _prob_entry(items, "answer_probability", "answer_mean_nll")}
     if perturbed:
         logs.update(_variant_logs(kind, items, agg))
-    logs[f"{p}_Q_A_ROUGE"] = _entry(agg["rouge_l_recall"], items, lambda it: {
-        "rouge1_recall": it["rouge1_recall"], "rougeL_f1": it["rouge_l_f1"], "rougeL_recall": it["rouge_l_recall"],
-        "input": it["prompt"], "ground_truth": it["ground_truth"], "generation": it["generated"]})
+    if "rouge_l_recall" in agg:  # not in a set scored without greedy answers (evaluate.forget_rouge false)
+        logs[f"{p}_Q_A_ROUGE"] = _entry(agg["rouge_l_recall"], items, lambda it: {
+            "rouge1_recall": it["rouge1_recall"], "rougeL_f1": it["rouge_l_f1"], "rougeL_recall": it["rouge_l_recall"],
+            "input": it["prompt"], "ground_truth": it["ground_truth"], "generation": it["generated"]})
     if kind == "forget":
         logs["extraction_strength"] = _entry(agg["extraction_strength"], items,
                                              lambda it: {"score": it["extraction_strength"]})

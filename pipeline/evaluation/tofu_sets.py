@@ -47,7 +47,7 @@ class ItemArrays:
 
     probability: np.ndarray
     truth_ratio: np.ndarray | None  # None: plain rows, without perturbed answers
-    rouge_l_recall: np.ndarray
+    rouge_l_recall: np.ndarray | None  # None: a set scored without greedy answers (`generate` false)
     extraction_strength: np.ndarray
     exact_memorization: np.ndarray  # NaN where an answer has no token
 
@@ -56,8 +56,10 @@ class ItemArrays:
         """From the per-item records of `SetResult.items` (or the rows of items/<set>.parquet); `perturbed` false:
         records of plain rows, which have no truth ratio."""
         column = lambda key: np.array([np.nan if it[key] is None else it[key] for it in items], dtype=np.float64)
+        generated = bool(items) and "rouge_l_recall" in items[0]
         return cls(column("probability"), column("truth_ratio") if perturbed else None,
-                   *(column(f) for f in ("rouge_l_recall", "extraction_strength", "exact_memorization")))
+                   column("rouge_l_recall") if generated else None,
+                   *(column(f) for f in ("extraction_strength", "exact_memorization")))
 
 
 def _mean_of_present(values: np.ndarray) -> float:
@@ -81,13 +83,18 @@ PERTURBED_METRICS = ("truth_ratio",)
 PERTURBED_ONLY = ("truth_ratio", "paraphrased_mean_nll", "paraphrased_probability", "perturbed_mean_nll",
                   "perturbed_probability")
 PLAIN_KINDS = ("forget", "retain")  # the kinds whose probability needs no perturbed answers (no normalisation)
+# The aggregates and item columns of the greedy answers: none for a set scored with `generate` false.
+GENERATED_METRICS = ("rouge_l_recall",)
+GENERATED_ONLY = ("rouge_l_recall", "rouge1_recall", "rouge_l_f1", "generated")
 
 
 def set_aggregates(items: Sequence[dict], kind: str, perturbed: bool = True) -> dict[str, float]:
-    """SET_METRICS over one set's per-item records (without PERTURBED_METRICS for plain rows)."""
+    """SET_METRICS over one set's per-item records (without PERTURBED_METRICS for plain rows, nor GENERATED_METRICS
+    for a set scored without greedy answers)."""
     arrays, spec = ItemArrays.from_items(items, perturbed), SET_SPECS[kind]
     return {metric: fn(arrays, spec) for metric, fn in SET_METRICS.items()
-            if perturbed or metric not in PERTURBED_METRICS}
+            if (perturbed or metric not in PERTURBED_METRICS)
+            and (arrays.rouge_l_recall is not None or metric not in GENERATED_METRICS)}
 
 
 @dataclass
@@ -128,18 +135,19 @@ def _check_rows(rows: Sequence[dict], fields: Sequence[str], where: str) -> None
 def evaluate_set(model, tokenizer, template: PromptTemplate, rows: Sequence[dict], kind: str,
                  batch_size: int = 32, max_new_tokens: int = 64, name: str | None = None,
                  es_definition: str = "open-unlearning", loss_dtype: str = "float32",
-                 perturbed: bool = True) -> SetResult:
+                 perturbed: bool = True, generate: bool = True) -> SetResult:
     """Score one TOFU perturbed set of `kind` (forget, retain, real_authors, world_facts) named `name`; with
     `perturbed` false, a forget or retain set of plain question-answer rows (`_plain_set`).
 
     Teacher-forced passes: the answers, the paraphrased answers (forget/retain) and all perturbed answers
-    flattened into one list; then one batched greedy generation for ROUGE."""
+    flattened into one list; then one batched greedy generation for ROUGE, unless `generate` is false (no ROUGE:
+    none of GENERATED_ONLY in the items; a tuning trial reads ES, and the generation is most of a set's time)."""
     if kind not in SET_SPECS:
         raise DataError(f"evaluate_set: unknown set kind '{kind}' (choose from {sorted(SET_SPECS)})")
     spec, where = SET_SPECS[kind], name or kind
     if not perturbed:
         return _plain_set(model, tokenizer, template, rows, kind, batch_size, max_new_tokens, where, es_definition,
-                          loss_dtype)
+                          loss_dtype, generate)
     _check_rows(rows, ("question", "answer", spec.correct_field, "perturbed_answer"), where)
 
     def stats_of(questions: list[str], answers: list[str]) -> AnswerStats:
@@ -160,30 +168,47 @@ def evaluate_set(model, tokenizer, template: PromptTemplate, rows: Sequence[dict
     prob = normalised_probability(stats.probability, perturbed_prob) if spec.normalise_probability \
         else stats.probability
     tr = truth_ratio(correct.mean_nll, perturbed_nll)
-    generated = greedy_answers(model, tokenizer, template, questions, max_new_tokens=max_new_tokens,
-                               batch_size=batch_size)
-    prompts, truths = rouge_references(tokenizer, template, questions, answers)
-    rouge = [rouge_scores(g, t) for g, t in zip(generated, truths)]
+    greedy = _greedy(model, tokenizer, template, questions, answers, batch_size, max_new_tokens, generate)
 
     items = []
     for i in range(len(rows)):
         em = stats.exact_memorization[i]
         item = {"index": i, "probability": float(prob[i]), "truth_ratio": float(tr[i]),
-                "rouge_l_recall": rouge[i]["rougeL_recall"], "extraction_strength": float(stats.extraction_strength[i]),
+                "rouge_l_recall": greedy[i].get("rouge_l_recall"),
+                "extraction_strength": float(stats.extraction_strength[i]),
                 "exact_memorization": None if np.isnan(em) else float(em),
                 "answer_mean_nll": float(stats.mean_nll[i]), "answer_probability": float(stats.probability[i])}
         if paraphrased:
             item |= {"paraphrased_mean_nll": float(correct.mean_nll[i]),
                      "paraphrased_probability": float(correct.probability[i])}
         item |= {"perturbed_mean_nll": perturbed_nll[i].tolist(), "perturbed_probability": perturbed_prob[i].tolist(),
-                 "rouge1_recall": rouge[i]["rouge1_recall"], "rouge_l_f1": rouge[i]["rougeL_f1"],
-                 "prompt": prompts[i], "ground_truth": truths[i], "generated": generated[i]}
-        items.append(item)
+                 **greedy[i]}
+        items.append(_without_absent(item, generate))
     return SetResult(items, set_aggregates(items, kind), tr)
 
 
+def _greedy(model, tokenizer, template: PromptTemplate, questions: list[str], answers: list[str], batch_size: int,
+            max_new_tokens: int, generate: bool) -> list[dict]:
+    """Per question, the greedy answer and its ROUGE against the reference (the item columns from
+    `rouge1_recall` on, and rouge_l_recall), or only the prompt and reference where `generate` is false."""
+    prompts, truths = rouge_references(tokenizer, template, questions, answers)
+    if not generate:
+        return [{"prompt": p, "ground_truth": t} for p, t in zip(prompts, truths)]
+    generated = greedy_answers(model, tokenizer, template, questions, max_new_tokens=max_new_tokens,
+                               batch_size=batch_size)
+    rouge = [rouge_scores(g, t) for g, t in zip(generated, truths)]
+    return [{"rouge_l_recall": r["rougeL_recall"], "rouge1_recall": r["rouge1_recall"], "rouge_l_f1": r["rougeL_f1"],
+             "prompt": p, "ground_truth": t, "generated": g} for r, p, t, g in zip(rouge, prompts, truths, generated)]
+
+
+def _without_absent(item: dict, generate: bool) -> dict:
+    """The item without GENERATED_ONLY's columns where no greedy answer was made (not a null ROUGE, which a
+    reader would average)."""
+    return item if generate else {k: v for k, v in item.items() if k not in GENERATED_ONLY}
+
+
 def _plain_set(model, tokenizer, template: PromptTemplate, rows: Sequence[dict], kind: str, batch_size: int,
-               max_new_tokens: int, where: str, es_definition: str, loss_dtype: str) -> SetResult:
+               max_new_tokens: int, where: str, es_definition: str, loss_dtype: str, generate: bool) -> SetResult:
     """`evaluate_set` of plain question-answer rows: the answers' teacher-forced pass and the greedy one, each
     per-item value as for a perturbed set (probability unnormalised, as forget's and retain's are there)."""
     if kind not in PLAIN_KINDS:
@@ -192,18 +217,14 @@ def _plain_set(model, tokenizer, template: PromptTemplate, rows: Sequence[dict],
     _check_rows(rows, ("question", "answer"), where)
     questions, answers = [r["question"] for r in rows], [r["answer"] for r in rows]
     stats = answer_statistics(model, tokenizer, template, questions, answers, batch_size, es_definition, loss_dtype)
-    generated = greedy_answers(model, tokenizer, template, questions, max_new_tokens=max_new_tokens,
-                               batch_size=batch_size)
-    prompts, truths = rouge_references(tokenizer, template, questions, answers)
-    rouge = [rouge_scores(g, t) for g, t in zip(generated, truths)]
+    greedy = _greedy(model, tokenizer, template, questions, answers, batch_size, max_new_tokens, generate)
     items = []
     for i in range(len(rows)):
         em = stats.exact_memorization[i]
-        items.append({"index": i, "probability": float(stats.probability[i]),
-                      "rouge_l_recall": rouge[i]["rougeL_recall"],
-                      "extraction_strength": float(stats.extraction_strength[i]),
-                      "exact_memorization": None if np.isnan(em) else float(em),
-                      "answer_mean_nll": float(stats.mean_nll[i]), "answer_probability": float(stats.probability[i]),
-                      "rouge1_recall": rouge[i]["rouge1_recall"], "rouge_l_f1": rouge[i]["rougeL_f1"],
-                      "prompt": prompts[i], "ground_truth": truths[i], "generated": generated[i]})
+        items.append(_without_absent({
+            "index": i, "probability": float(stats.probability[i]), "rouge_l_recall": greedy[i].get("rouge_l_recall"),
+            "extraction_strength": float(stats.extraction_strength[i]),
+            "exact_memorization": None if np.isnan(em) else float(em),
+            "answer_mean_nll": float(stats.mean_nll[i]), "answer_probability": float(stats.probability[i]),
+            **greedy[i]}, generate))
     return SetResult(items, set_aggregates(items, kind, perturbed=False), None)

@@ -15,15 +15,15 @@ from pipeline.common.errors import DataError
 from pipeline.common.params import LEARNING_RATE, between, section
 from pipeline.common.plots import pyplot, save_figure
 from pipeline.data.config import DataConfig
-from pipeline.evaluation.config import eval_config
+from pipeline.evaluation.config import EvalConfig, eval_config
 from pipeline.evaluation.evaluate import evaluate_model
 from pipeline.evaluation.inputs import load_inputs
-from pipeline.studies.tuning import TuneConfig, choice_table, tune_group
+from pipeline.studies.tuning import UTILITY_KEYS, TuneConfig, choice_table, tune_group
 from pipeline.training.engine import TrainConfig, TrainingDiverged
 from pipeline.training.run_config import run_configs
 from pipeline.training.unlearn import run_unlearn
 
-__all__ = ["target_utility", "run_tuning", "chosen_lr", "plot_tradeoff"]
+__all__ = ["target_utility", "trial_eval_config", "run_tuning", "chosen_lr", "plot_tradeoff"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,15 @@ def target_utility(target_results: str | Path, utility: str) -> float:
     return value_at(summary, target_results, utility, between(0, 1))
 
 
+def trial_eval_config(params: dict, utility: str) -> EvalConfig:
+    """What a trial evaluates: the choice reads forget ES and `utility` only (TOFU's sets, or an lm-eval task's
+    accuracy), so the forget set's greedy answers, the attacks and the multiple choice are left to the reported
+    runs' evaluations, where they cost once per run, not once per trial."""
+    full = eval_config(params)
+    return replace(full, forget_rouge=False, mia={}, paraphrase=False, quantize={}, sampling={}, multiple_choice={},
+                   lm_eval=full.lm_eval if utility not in UTILITY_KEYS else {})
+
+
 def run_tuning(params: dict, group: str, names: list[str], shards: str | Path, reference: str | Path | None,
                target_results: str | Path, retain_results: str | Path | None, out_dir: Path) -> dict:
     """Tune the learning rate of each run of `names` on `params` (tune, unlearn, evaluate, data), trials under
@@ -48,9 +57,7 @@ def run_tuning(params: dict, group: str, names: list[str], shards: str | Path, r
     data = DataConfig.from_params(section(params, "data"))
     model_path = str(section(params, "unlearn.model"))
     utility = target_utility(target_results, cfg.utility)
-    # the choice needs forget ES and the utility only: the attacks (membership inference, paraphrases,
-    # quantization) are left to the reported runs' evaluations, where they cost once per run, not once per trial
-    eval_cfg = replace(eval_config(params), mia={}, paraphrase=False, quantize={})
+    eval_cfg = trial_eval_config(params, cfg.utility)
     retain_dir = Path(retain_results) if retain_results else None
     inputs = load_inputs(eval_cfg, retain_dir)  # every evaluation input, checked before the first trial
 

@@ -237,3 +237,36 @@ def test_the_headline_metrics_are_a_few_numbers_of_the_summary():
                "per_seed": {"0": {"forget_es": 0.4}}}
     assert headline_metrics(summary) == {"forget_es": 0.5, "retain_es": 0.9, "model_utility": 0.8,
                                          "log10_forget_quality": -1.5, "mc_world_forget": 0.7}
+
+
+def test_a_tuning_trial_evaluates_what_the_choice_reads_and_no_more(retain_eval, micro_model_dir, micro_world_dir,
+                                                                    tmp_path, monkeypatch):
+    """A trial's evaluation (`trial_eval_config`): forget ES, retain ES, model utility and forget quality as the full
+    evaluation's, with no forget generation, no multiple choice and no attack; an lm-eval utility keeps its tasks."""
+    import pipeline.evaluation.tofu_sets as tm
+    from pipeline.studies.tune_runs import trial_eval_config
+
+    params = {"data": {"source": str(micro_world_dir)},
+              "evaluate": {"max_new_tokens": 8, "batch_size": 8, "paraphrase": True,
+                           "multiple_choice": {"world": {"format": "world", "source": str(micro_world_dir)}}}}
+    cfg = trial_eval_config(params, "model_utility")
+    assert (cfg.forget_rouge, cfg.multiple_choice, cfg.paraphrase, cfg.mia, cfg.sampling) == (False, {}, False, {}, {})
+    generated = []
+    real_greedy = tm.greedy_answers
+    monkeypatch.setattr(tm, "greedy_answers", lambda m, t, tpl, qs, **kw: generated.append(qs) or real_greedy(
+        m, t, tpl, qs, **kw))
+    summary = evaluate_model(str(micro_model_dir), cfg, tmp_path / "trial", retain_eval[0])
+    full = retain_eval[1]
+    for key in ("forget_es", "retain_es", "model_utility", "log10_forget_quality"):
+        assert summary[key] == full[key], key
+    assert len(generated) == 3 and "rouge_l_recall" not in summary["forget"]  # retain, real authors, world facts
+    assert not [k for k in summary if k.startswith(("mc_", "forget_para"))]
+    items = pq.read_table(tmp_path / "trial" / "items" / "forget.parquet").column_names
+    assert "generated" not in items and "rouge_l_recall" not in items and "truth_ratio" in items
+    logs = json.loads((tmp_path / "trial" / "TOFU_EVAL.json").read_text())
+    assert "forget_Q_A_ROUGE" not in logs and "forget_truth_ratio" in logs
+
+    lm = {"tasks": ["arc_easy"], "limit": 10}
+    with_lm = {"evaluate": {**params["evaluate"], "lm_eval": lm}, "data": params["data"]}
+    assert trial_eval_config(with_lm, "lmeval_arc_easy_acc").lm_eval == lm
+    assert trial_eval_config(with_lm, "model_utility").lm_eval == {}

@@ -13,7 +13,7 @@ from pipeline.evaluation.tofu_metrics import (ES_DEFINITIONS, answer_statistics,
                                               forget_quality, harmonic_mean, model_utility, normalised_probability,
                                               probability, rouge_l_recall, rouge_references, rouge_scores,
                                               truth_ratio, truth_ratio_closer_to_one, truth_ratio_true_better)
-from pipeline.evaluation.tofu_sets import SET_METRICS, SET_SPECS, evaluate_set
+from pipeline.evaluation.tofu_sets import SET_METRICS, SET_SPECS, evaluate_set, set_aggregates
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -444,3 +444,26 @@ def test_generated_text_is_decoded_and_cut_as_open_unlearnings(model_and_tokeniz
 
     monkeypatch.setattr(model, "generate", fake_generate)
     assert greedy_answers(model, tokenizer, TEMPLATE, ["Who?"]) == ["It isn't here."]
+
+
+@pytest.mark.parametrize("kind, perturbed", [("forget", True), ("forget", False), ("retain", True)])
+def test_a_set_scored_without_greedy_answers_has_every_other_number_and_no_rouge(model_and_tokenizer, splits,
+                                                                                 monkeypatch, kind, perturbed):
+    """`generate` false (a tuning trial's forget set): no generation at all, the items without the greedy columns
+    (not null ROUGE that a reader would average), every other value as with the generation."""
+    import pipeline.evaluation.tofu_sets as tm
+
+    model, tokenizer = model_and_tokenizer
+    rows = splits[kind][:4]
+    full = evaluate_set(model, tokenizer, TEMPLATE, rows, kind, batch_size=3, max_new_tokens=4, perturbed=perturbed)
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("generated without being asked to")
+
+    monkeypatch.setattr(tm, "greedy_answers", no_generation)
+    bare = evaluate_set(model, tokenizer, TEMPLATE, rows, kind, batch_size=3, max_new_tokens=4, perturbed=perturbed,
+                        generate=False)
+    assert bare.items == [{k: v for k, v in it.items() if k not in tm.GENERATED_ONLY} for it in full.items]
+    assert "rouge_l_recall" in full.aggregates
+    assert bare.aggregates == {k: v for k, v in full.aggregates.items() if k != "rouge_l_recall"}
+    assert set_aggregates(bare.items, kind, perturbed) == bare.aggregates  # read back from its items, as reports do

@@ -40,7 +40,8 @@ class TofuSets(Evaluator):
         for name, (split, rows) in ctx.inputs.tofu.items():
             result = evaluate_set(model, ctx.tokenizer, ctx.template, rows, name, cfg.batch_size,
                                   cfg.max_new_tokens, name=f"{cfg.source}/{split}", es_definition=cfg.es_definition,
-                                  loss_dtype=cfg.loss_dtype, perturbed=cfg.perturbed)
+                                  loss_dtype=cfg.loss_dtype, perturbed=cfg.perturbed,
+                                  generate=cfg.forget_rouge or name != "forget")
             results[name] = result
             ctx.items[name] = item_records(rows, result)
             ctx.item_meta[name] = {"split": split, "questions_hash": ctx.inputs.questions_hash[name]}
@@ -52,7 +53,7 @@ class TofuSets(Evaluator):
         if "forget" in results:
             summary["forget_es"] = summary["forget"]["extraction_strength"]
             summary["forget_em"] = summary["forget"]["exact_memorization"]
-            if not cfg.perturbed:  # no truth ratio: ROUGE is the generation-side measure left at the top
+            if not cfg.perturbed and cfg.forget_rouge:  # no truth ratio: ROUGE is the generation-side measure left
                 summary["forget_rouge"] = summary["forget"]["rouge_l_recall"]
             if ctx.has_retain and cfg.perturbed:
                 reference = results["forget"].truth_ratios if ctx.own_retain else ctx.inputs.retain_truth_ratios
@@ -82,5 +83,6 @@ def rounded(metric: str, value: float) -> float | None:
 def set_line(aggregates: dict) -> str:
     """A TOFU set's headline numbers, for the log."""
     tr = f", truth ratio {aggregates['truth_ratio']:.3f}" if "truth_ratio" in aggregates else ""
-    return (f"ES {aggregates['extraction_strength']:.3f}, ROUGE-L {aggregates['rouge_l_recall']:.3f}, "
-            f"prob {aggregates['probability']:.3f}{tr}, n {aggregates['n']}")
+    rouge = f", ROUGE-L {aggregates['rouge_l_recall']:.3f}" if "rouge_l_recall" in aggregates else ""
+    return (f"ES {aggregates['extraction_strength']:.3f}{rouge}, prob {aggregates['probability']:.3f}{tr}, "
+            f"n {aggregates['n']}")

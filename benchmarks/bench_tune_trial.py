@@ -1,5 +1,6 @@
 """A tuning trial's evaluation (`tune_runs.trial_eval_config`: the TOFU sets, the forget set without its greedy
-answers, no multiple choice) against what every trial evaluated before it (the whole evaluation but the attacks):
+answers, no multiple choice) against what every trial evaluated before it (the whole evaluation but membership
+inference, the paraphrases and quantization):
 the seconds of each on one model, interleaved, and the numbers the choice reads from both, which must be equal.
 
 Give an unlearned model: a target stops at the end of each forget answer, an unlearned one often talks on to

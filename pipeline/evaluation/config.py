@@ -120,14 +120,18 @@ class EvalConfig:
 
     @property
     def skipped(self) -> dict[str, str]:
-        """What a TOFU evaluation has that plain question-answer splits cannot give: metric or evaluator -> why
-        (the summary's `skipped`); empty with perturbed splits, and in MUSE's evaluation, which has its own."""
+        """What a TOFU evaluation has that plain question-answer splits, or a forget set without greedy answers,
+        cannot give: metric or evaluator -> why (the summary's `skipped`); empty for a whole evaluation of perturbed
+        splits, and in MUSE's evaluation, which has its own."""
+        out = {}
+        if not self.forget_rouge and "forget" in self.tofu_sets and not self.muse:
+            out["forget_rouge"] = "no greedy answers on the forget set (evaluate.forget_rouge: false)"
         if self.perturbed or self.muse:
-            return {}
+            return out
         why = "no perturbed answers in plain question-answer splits (evaluate.perturbed: false)"
-        out = {"truth_ratio": why,
-               "forget_quality": "needs the forget set's truth ratios, which need perturbed answers",
-               "model_utility": "needs TOFU's real_authors and world_facts sets and truth ratios"}
+        out |= {"truth_ratio": why,
+                "forget_quality": "needs the forget set's truth ratios, which need perturbed answers",
+                "model_utility": "needs TOFU's real_authors and world_facts sets and truth ratios"}
         out.update({name: "evaluate.perturbed false reads only the forget and retain splits"
                     for name in self.tofu_sets if name not in PLAIN_SETS})
         out["paraphrase"] = "no paraphrased questions in plain question-answer splits"

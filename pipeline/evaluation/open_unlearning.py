@@ -37,7 +37,7 @@ from pipeline.common.errors import DataError
 from pipeline.evaluation import eval_io
 from pipeline.evaluation.mia import PRIVLEAK_ATTACK, auc, privleak
 from pipeline.evaluation.tofu_metrics import UTILITY_SETS, model_utility
-from pipeline.evaluation.tofu_sets import ITEM_COLUMNS, PERTURBED_ONLY, SET_SPECS, set_aggregates
+from pipeline.evaluation.tofu_sets import GENERATED_ONLY, ITEM_COLUMNS, PERTURBED_ONLY, SET_SPECS, set_aggregates
 
 log = logging.getLogger(__name__)
 
@@ -209,10 +209,13 @@ def _read_one(eval_dir: Path) -> tuple[dict[str, list[dict]], float | None, dict
     needed = set(ITEM_COLUMNS) - {"paraphrased_mean_nll", "paraphrased_probability"}  # forget and retain only
     if not perturbed:
         needed -= set(PERTURBED_ONLY)
-    missing = sorted(needed - set(next(iter(items.values()))[0]))
-    if missing:
-        raise DataError(f"{eval_dir}: its items lack {missing}: an evaluation made before open-unlearning's export; "
-                        "evaluate the model again")
+    for kind, rows in items.items():
+        columns = set(rows[0])
+        # a set without ROUGE was scored without greedy answers (evaluate.forget_rouge: false), not by old code
+        missing = sorted(needed - columns - (set(GENERATED_ONLY) if "rouge_l_recall" not in columns else set()))
+        if missing:
+            raise DataError(f"{files[kind]}: its items lack {missing}: an evaluation made before open-unlearning's "
+                            "export; evaluate the model again")
     file = eval_dir / "metrics.json"
     metrics = eval_io.read_json(file, "evaluation summary") if file.is_file() else {}
     fq = eval_io.number(metrics.get("forget_quality"), f"{file}: forget_quality", 0.0, 1.0, nullable=True)

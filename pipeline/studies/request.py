@@ -46,7 +46,11 @@ def _items(eval_dir: Path, name: str) -> list[dict]:
     if not file.is_file():
         raise DataError(f"{file}: no per-item results of the {name} set; evaluate the model with "
                         f"evaluate.tofu_sets holding {name} (`tokenunlearn evaluate`)")
-    return pq.read_table(file).to_pylist()
+    items = pq.read_table(file).to_pylist()
+    if items and "generated" not in items[0]:
+        raise DataError(f"{file}: no greedy answers (an evaluation with evaluate.forget_rouge: false); evaluate the "
+                        "model with it true")
+    return items
 
 
 def before_after(before_dir: str | Path, after_dir: str | Path, name: str = "forget") -> list[dict]:

@@ -45,6 +45,7 @@ def trial_eval_config(params: dict, utility: str) -> EvalConfig:
     runs' evaluations, where they cost once per run, not once per trial."""
     full = eval_config(params)
     return replace(full, forget_rouge=False, mia={}, paraphrase=False, quantize={}, sampling={}, multiple_choice={},
+                   probe_sets=[],  # the probes' sets may name multiple-choice sets, which are off here
                    lm_eval=full.lm_eval if utility not in UTILITY_KEYS else {})
 
 

@@ -246,8 +246,10 @@ def test_a_tuning_trial_evaluates_what_the_choice_reads_and_no_more(retain_eval,
     import pipeline.evaluation.tofu_sets as tm
     from pipeline.studies.tune_runs import trial_eval_config
 
+    # as the demo's params.yaml: the probes name a multiple-choice set, which a trial does not evaluate
     params = {"data": {"source": str(micro_world_dir)},
               "evaluate": {"max_new_tokens": 8, "batch_size": 8, "paraphrase": True,
+                           "probe_sets": ["forget", "retain", "world_forget"],
                            "multiple_choice": {"world": {"format": "world", "source": str(micro_world_dir)}}}}
     cfg = trial_eval_config(params, "model_utility")
     assert (cfg.forget_rouge, cfg.multiple_choice, cfg.paraphrase, cfg.mia, cfg.sampling) == (False, {}, False, {}, {})
@@ -264,7 +266,17 @@ def test_a_tuning_trial_evaluates_what_the_choice_reads_and_no_more(retain_eval,
     items = pq.read_table(tmp_path / "trial" / "items" / "forget.parquet").column_names
     assert "generated" not in items and "rouge_l_recall" not in items and "truth_ratio" in items
     logs = json.loads((tmp_path / "trial" / "TOFU_EVAL.json").read_text())
-    assert "forget_Q_A_ROUGE" not in logs and "forget_truth_ratio" in logs
+    assert "forget_Q_A_ROUGE" not in logs and "forget_truth_ratio" in logs and "retain_Q_A_ROUGE" in logs
+    assert summary["skipped"] == {"forget_rouge": "no greedy answers on the forget set (evaluate.forget_rouge: false)"}
+    assert "skipped" not in full
+    # its readers: open-unlearning's export takes it as it is, the before/after answers say what is missing
+    from pipeline.evaluation.open_unlearning import export_evaluation
+    from pipeline.studies.request import before_after
+
+    export_evaluation(tmp_path / "trial", tmp_path / "exported")
+    assert "forget_Q_A_ROUGE" not in json.loads((tmp_path / "exported" / "TOFU_EVAL.json").read_text())
+    with pytest.raises(DataError, match="forget_rouge: false"):
+        before_after(retain_eval[0], tmp_path / "trial")
 
     lm = {"tasks": ["arc_easy"], "limit": 10}
     with_lm = {"evaluate": {**params["evaluate"], "lm_eval": lm}, "data": params["data"]}

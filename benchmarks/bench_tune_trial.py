@@ -78,4 +78,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from pipeline.common.cli_errors import run_script  # as the CLI: one line per error, an exit status
+    run_script(main)

@@ -37,7 +37,8 @@ from pipeline.common.errors import DataError
 from pipeline.evaluation import eval_io
 from pipeline.evaluation.mia import PRIVLEAK_ATTACK, auc, privleak
 from pipeline.evaluation.tofu_metrics import UTILITY_SETS, model_utility
-from pipeline.evaluation.tofu_sets import GENERATED_ONLY, ITEM_COLUMNS, PERTURBED_ONLY, SET_SPECS, set_aggregates
+from pipeline.evaluation.tofu_sets import (GENERATED_ONLY, ITEM_COLUMNS, PERTURBED_ONLY, SET_SPECS, has_greedy_answers,
+                                          set_aggregates)
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +213,7 @@ def _read_one(eval_dir: Path) -> tuple[dict[str, list[dict]], float | None, dict
     for kind, rows in items.items():
         columns = set(rows[0])
         # a set without ROUGE was scored without greedy answers (evaluate.forget_rouge: false), not by old code
-        missing = sorted(needed - columns - (set(GENERATED_ONLY) if "rouge_l_recall" not in columns else set()))
+        missing = sorted(needed - columns - (set() if has_greedy_answers(columns) else set(GENERATED_ONLY)))
         if missing:
             raise DataError(f"{files[kind]}: its items lack {missing}: an evaluation made before open-unlearning's "
                             "export; evaluate the model again")

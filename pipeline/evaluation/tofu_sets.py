@@ -56,7 +56,7 @@ class ItemArrays:
         """From the per-item records of `SetResult.items` (or the rows of items/<set>.parquet); `perturbed` false:
         records of plain rows, which have no truth ratio."""
         column = lambda key: np.array([np.nan if it[key] is None else it[key] for it in items], dtype=np.float64)
-        generated = bool(items) and "rouge_l_recall" in items[0]
+        generated = bool(items) and has_greedy_answers(items[0])
         return cls(column("probability"), column("truth_ratio") if perturbed else None,
                    column("rouge_l_recall") if generated else None,
                    *(column(f) for f in ("extraction_strength", "exact_memorization")))
@@ -86,6 +86,12 @@ PLAIN_KINDS = ("forget", "retain")  # the kinds whose probability needs no pertu
 # The aggregates and item columns of the greedy answers: none for a set scored with `generate` false.
 GENERATED_METRICS = ("rouge_l_recall",)
 GENERATED_ONLY = ("rouge_l_recall", "rouge1_recall", "rouge_l_f1", "generated")
+
+
+def has_greedy_answers(item: dict) -> bool:
+    """Whether a set's per-item record (or its items file's columns) holds GENERATED_ONLY's: false for a set
+    scored with `generate` false (evaluate.forget_rouge: false)."""
+    return "rouge_l_recall" in item
 
 
 def set_aggregates(items: Sequence[dict], kind: str, perturbed: bool = True) -> dict[str, float]:
@@ -174,7 +180,6 @@ def evaluate_set(model, tokenizer, template: PromptTemplate, rows: Sequence[dict
     for i in range(len(rows)):
         em = stats.exact_memorization[i]
         item = {"index": i, "probability": float(prob[i]), "truth_ratio": float(tr[i]),
-                "rouge_l_recall": greedy[i].get("rouge_l_recall"),
                 "extraction_strength": float(stats.extraction_strength[i]),
                 "exact_memorization": None if np.isnan(em) else float(em),
                 "answer_mean_nll": float(stats.mean_nll[i]), "answer_probability": float(stats.probability[i])}
@@ -183,7 +188,7 @@ def evaluate_set(model, tokenizer, template: PromptTemplate, rows: Sequence[dict
                      "paraphrased_probability": float(correct.probability[i])}
         item |= {"perturbed_mean_nll": perturbed_nll[i].tolist(), "perturbed_probability": perturbed_prob[i].tolist(),
                  **greedy[i]}
-        items.append(_without_absent(item, generate))
+        items.append(_in_column_order(item))
     return SetResult(items, set_aggregates(items, kind), tr)
 
 
@@ -201,10 +206,10 @@ def _greedy(model, tokenizer, template: PromptTemplate, questions: list[str], an
              "prompt": p, "ground_truth": t, "generated": g} for r, p, t, g in zip(rouge, prompts, truths, generated)]
 
 
-def _without_absent(item: dict, generate: bool) -> dict:
-    """The item without GENERATED_ONLY's columns where no greedy answer was made (not a null ROUGE, which a
-    reader would average)."""
-    return item if generate else {k: v for k, v in item.items() if k not in GENERATED_ONLY}
+def _in_column_order(item: dict) -> dict:
+    """The item's values in ITEM_COLUMNS' order, the items file's column order (a column it lacks, such as ROUGE
+    without greedy answers, is left out, not written as a null a reader would average)."""
+    return {k: item[k] for k in ITEM_COLUMNS if k in item}
 
 
 def _plain_set(model, tokenizer, template: PromptTemplate, rows: Sequence[dict], kind: str, batch_size: int,
@@ -221,10 +226,10 @@ def _plain_set(model, tokenizer, template: PromptTemplate, rows: Sequence[dict],
     items = []
     for i in range(len(rows)):
         em = stats.exact_memorization[i]
-        items.append(_without_absent({
-            "index": i, "probability": float(stats.probability[i]), "rouge_l_recall": greedy[i].get("rouge_l_recall"),
+        items.append(_in_column_order({
+            "index": i, "probability": float(stats.probability[i]),
             "extraction_strength": float(stats.extraction_strength[i]),
             "exact_memorization": None if np.isnan(em) else float(em),
             "answer_mean_nll": float(stats.mean_nll[i]), "answer_probability": float(stats.probability[i]),
-            **greedy[i]}, generate))
+            **greedy[i]}))
     return SetResult(items, set_aggregates(items, kind, perturbed=False), None)

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from pipeline import __version__
 from pipeline.common.atomic import atomic_dir
 from pipeline.common.errors import DataError
+from pipeline.evaluation.tofu_sets import has_greedy_answers
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def _items(eval_dir: Path, name: str) -> list[dict]:
         raise DataError(f"{file}: no per-item results of the {name} set; evaluate the model with "
                         f"evaluate.tofu_sets holding {name} (`tokenunlearn evaluate`)")
     items = pq.read_table(file).to_pylist()
-    if items and "generated" not in items[0]:
+    if items and not has_greedy_answers(items[0]):
         raise DataError(f"{file}: no greedy answers (an evaluation with evaluate.forget_rouge: false); evaluate the "
                         "model with it true")
     return items
